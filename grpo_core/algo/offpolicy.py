@@ -1,0 +1,48 @@
+"""Correcting for the gap between the sampler (vLLM) and the learner's old policy.
+
+Even on-policy, the sampler's logprobs differ from the learner's (kernels, precision); with async rollouts the
+sampler's weights are also stale. Truncated importance sampling (TIS) reweights each token's loss by
+w_t = min(pi_old(y_t) / pi_sampler(y_t), cap), detached, which bounds the variance the correction can add.
+The mismatch metrics show how far the two engines are apart (a jump usually means a broken weight sync).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from grpo_core.algo.masked import check_same_shape, masked_max, masked_mean
+
+_LOG_LIMIT = 20.0
+
+
+def truncated_is_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor,
+                         cap: float) -> tuple[Tensor, dict[str, float]]:
+    """TIS weights and sampler/learner mismatch metrics.
+
+    old_logprobs: [B, T] learner's log pi_old of the sampled tokens; sampler_logprobs: [B, T] the sampler's;
+    mask: [B, T] real tokens. cap: upper bound of the weights (> 0; 2 in Yao et al.).
+    Returns (weights [B, T] = min(exp(old - sampler), cap), detached, 0 outside the mask; metrics:
+      mismatch_abs_logp_mean (mean |old - sampler|), mismatch_k3 (k3 estimate of KL(sampler || old), token mean),
+      tis_capped_frac (tokens whose weight hit the cap), tis_weight_mean, tis_weight_max).
+    """
+    if cap <= 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    if old_logprobs.dim() != 2:
+        raise ValueError(f"old_logprobs must be [B, T], got shape {tuple(old_logprobs.shape)}")
+    check_same_shape(old_logprobs=old_logprobs, sampler_logprobs=sampler_logprobs, mask=mask)
+    with torch.no_grad():
+        m = mask.to(torch.bool)
+        zero = torch.zeros((), dtype=old_logprobs.dtype, device=old_logprobs.device)
+        delta = torch.where(m, old_logprobs - sampler_logprobs, zero)  # log(pi_old / pi_sampler)
+        clamped = delta.clamp(-_LOG_LIMIT, _LOG_LIMIT)
+        raw = torch.exp(clamped)
+        weights = torch.where(m, raw.clamp(max=cap), zero)
+        k3 = raw - clamped - 1.0
+        metrics = {
+            "mismatch_abs_logp_mean": float(masked_mean(delta.abs(), m)),
+            "mismatch_k3": float(masked_mean(k3, m)),
+            "tis_capped_frac": float(masked_mean((raw > cap).to(raw.dtype), m)),
+            "tis_weight_mean": float(masked_mean(weights, m)),
+            "tis_weight_max": float(masked_max(weights, m)),
+        }
+    return weights, metrics

@@ -1,0 +1,281 @@
+"""The one typed config of a run.
+
+Every option lives here, with its bounds; cross-field rules (batch divisibility, clip ranges, presets) are checked
+when the config is built, so a bad run fails before any engine starts. A preset (`algo.preset`) fills algorithm
+defaults; anything the user sets explicitly still wins.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field(description="HF-format model folder (weights + tokenizer), loaded by transformers and vLLM")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+class DataConfig(_Section):
+    train_path: str
+    eval_path: str | None = None
+    format: Literal["math", "code"] = "math"
+    prompt_key: str = "messages"
+    answer_key: str = "gt_answer"
+    system_prompt: str | None = Field(
+        default=None, description="None: the default system prompt of the reward type; '' for none at all")
+    max_prompt_tokens: int = Field(default=512, ge=8)
+    shuffle: bool = True
+    on_bad_row: Literal["error", "skip"] = "error"
+
+
+class RolloutConfig(_Section):
+    prompts_per_iteration: int = Field(default=16, ge=1)
+    samples_per_prompt: int = Field(default=8, ge=1, description="G, the group size")
+    max_new_tokens: int = Field(default=256, ge=1)
+    temperature: float = Field(default=1.0, gt=0.0, le=10.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    kv_cache_mb: int = Field(default=64, ge=8, description="vLLM KV cache on CPU, MiB")
+    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
+    enforce_eager: bool = True
+
+
+class EvalConfig(_Section):
+    interval: int = Field(default=5, ge=0, description="evaluate every N iterations (0: never); also before the first")
+    greedy: bool = True
+    max_prompts: int | None = Field(default=None, ge=1)
+    samples_per_prompt: int = Field(default=1, ge=1)
+
+
+class RewardConfig(_Section):
+    type: Literal["boxed", "think_answer_tags", "code"] = "boxed"
+    rewards: list[str] = Field(default_factory=lambda: ["accuracy"], min_length=1)
+    weights: list[float] | None = None
+    num_workers: int = Field(default=2, ge=1, description="scoring processes")
+    timeout_s: float = Field(default=5.0, gt=0.0, description="per-response time budget for verification")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="reward options: cosine/repetition/soft_overlong parameters, plugins")
+
+    @model_validator(mode="after")
+    def _weights_match(self) -> "RewardConfig":
+        if self.weights is not None and len(self.weights) != len(self.rewards):
+            raise ValueError(
+                f"reward.weights has {len(self.weights)} entries but reward.rewards has {len(self.rewards)}: "
+                "give one weight per reward")
+        return self
+
+
+class AlgoConfig(_Section):
+    """The algorithm of a run (advantages, policy loss, KL, filters, off-policy correction).
+
+    Every field maps onto an argument of a function in `grpo_core.algo`; docs/algo_options.md lists them with the
+    preset that sets each. Defaults are the "grpo" preset's values.
+    """
+    preset: Literal["grpo", "dapo", "dr_grpo", "gspo", "rloo"] = "grpo"
+    advantage_estimator: Literal["grpo", "dr_grpo", "rloo"] = Field(
+        default="grpo", description="baseline: group mean (grpo, dr_grpo) or leave-one-out mean (rloo)")
+    advantage_scale: Literal["group_std", "batch_std", "none"] | None = Field(
+        default=None, description="divide centred rewards by the unbiased group/batch std; None: the estimator's "
+                                  "default (grpo: group_std, dr_grpo and rloo: none)")
+    ratio_level: Literal["token", "sequence"] = Field(
+        default="token", description="importance ratio per token (PPO/GRPO) or per sequence (GSPO)")
+    clip_eps_low: float = Field(default=0.2, ge=0.0, lt=1.0, description="ratio clipped below at 1 - clip_eps_low")
+    clip_eps_high: float = Field(default=0.2, ge=0.0, le=10.0, description="ratio clipped above at 1 + clip_eps_high")
+    dual_clip: float | None = Field(default=None, gt=1.0, description="c of dual clip for negative advantages")
+    skip_threshold: float | None = Field(
+        default=None, gt=1.0, description="tokens (sequences at ratio_level=sequence) whose ratio exceeds it get no "
+                                          "loss")
+    loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = \
+        Field(default="seq_mean_token_mean", description="how per-token losses become one scalar")
+    loss_norm_length: int | None = Field(
+        default=None, ge=1, description="Dr.GRPO's constant for seq_mean_token_sum_norm; None: max_new_tokens")
+    kl_coeff: float = Field(default=0.0, ge=0.0, description="weight of the KL to the reference model (0: no ref)")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_in_reward: bool = Field(default=False, description="subtract kl_coeff * sequence KL from the reward instead "
+                                                          "of adding a KL loss")
+    entropy_coeff: float = Field(default=0.0, ge=0.0, description="entropy bonus weight (loss -= coeff * entropy)")
+    filter_groups: bool = Field(default=False, description="DAPO dynamic sampling")
+    filter_range: tuple[float, float] = Field(
+        default=(0.0, 1.0), description="keep groups whose success rate p satisfies low < p < high (exclusive)")
+    max_resample_times: int = Field(
+        default=0, ge=0, description="extra sampling rounds to fill a filtered batch (at most 1 + this many)")
+    overlong_filter: bool = Field(default=False, description="mask truncated responses out of the loss")
+    soft_overlong: bool = Field(default=False, description="DAPO soft overlong punishment added to the reward")
+    soft_overlong_cache_length: int = Field(
+        default=0, ge=0, description="tokens before max_new_tokens where the penalty ramps; 0: max_new_tokens // 5")
+    soft_overlong_penalty: float = Field(default=1.0, ge=0.0, description="penalty at and beyond max_new_tokens")
+    tis_cap: float | None = Field(default=None, gt=0.0, description="truncated IS cap, sampler vs old logprobs")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "AlgoConfig":
+        lo, hi = self.filter_range
+        if not 0.0 <= lo < hi <= 1.0:
+            raise ValueError(f"algo.filter_range must satisfy 0 <= low < high <= 1 (both bounds exclusive), "
+                             f"got {self.filter_range}")
+        if self.advantage_estimator == "dr_grpo" and self.advantage_scale not in (None, "none"):
+            raise ValueError(f"algo.advantage_estimator='dr_grpo' divides by no std, but algo.advantage_scale="
+                             f"{self.advantage_scale!r}; set advantage_scale to 'none' or use advantage_estimator="
+                             "'grpo'")
+        if self.kl_in_reward and self.kl_coeff == 0.0:
+            raise ValueError("algo.kl_in_reward=true needs algo.kl_coeff > 0")
+        return self
+
+
+class TrainConfig(_Section):
+    lr: float = Field(default=1e-5, gt=0.0, le=1.0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(default=0, ge=0)
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    grad_clip: float | None = Field(default=1.0, gt=0.0)
+    mini_batch_size: int | None = Field(
+        default=None, ge=1, description="sequences per optimizer step; None: the whole batch in one step")
+    micro_batch_size: int = Field(default=64, ge=1, description="sequences per forward/backward")
+    ppo_epochs: int = Field(default=1, ge=1, description="passes over each batch (num_iterations in TRL)")
+    zero_stage: Literal[0, 1, 2, 3] = 2
+
+
+class ClusterConfig(_Section):
+    placement: Literal["colocate", "split", "external"] = "colocate"
+    num_cpus: float = Field(default=1.0, gt=0.0, description="CPUs reserved for the policy actor")
+    torch_threads: int | None = Field(default=None, ge=1, description="threads inside actors (default: all cores)")
+    ray_address: str | None = Field(default=None, description="None: start a local Ray on 127.0.0.1")
+
+
+class StorageConfig(_Section):
+    root: str = Field(default="runs", description="local folder or s3://bucket/prefix")
+    options: dict[str, Any] = Field(default_factory=dict, description="fsspec options, e.g. client_kwargs")
+
+
+class GRPOConfig(_Section):
+    run_name: str = Field(default="tiny", pattern=r"^[A-Za-z0-9._-]+$")
+    seed: int = 0
+    iterations: int = Field(default=10, ge=1)
+    model: ModelConfig
+    data: DataConfig
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences per iteration: prompts x samples."""
+        return self.rollout.prompts_per_iteration * self.rollout.samples_per_prompt
+
+    @model_validator(mode="after")
+    def _batches_divide(self) -> "GRPOConfig":
+        n = self.batch_size
+        mini = self.train.mini_batch_size or n
+        if n % mini:
+            raise ValueError(
+                f"train.mini_batch_size={mini} must divide the batch: rollout.prompts_per_iteration x "
+                f"rollout.samples_per_prompt = {self.rollout.prompts_per_iteration} x "
+                f"{self.rollout.samples_per_prompt} = {n}")
+        micro = min(self.train.micro_batch_size, mini)
+        if mini % micro:
+            raise ValueError(
+                f"train.micro_batch_size={self.train.micro_batch_size} must divide the mini-batch "
+                f"({mini} sequences)")
+        if self.algo.advantage_estimator != "dr_grpo" and self.rollout.samples_per_prompt < 2:
+            raise ValueError("rollout.samples_per_prompt must be >= 2: group-relative advantages need a group")
+        if self.algo.soft_overlong and self.algo.soft_overlong_cache_length >= self.rollout.max_new_tokens:
+            raise ValueError(
+                f"algo.soft_overlong_cache_length={self.algo.soft_overlong_cache_length} must be smaller than "
+                f"rollout.max_new_tokens={self.rollout.max_new_tokens}")
+        if self.cluster.placement != "colocate":
+            raise ValueError(
+                f"cluster.placement={self.cluster.placement!r} is not implemented yet; use 'colocate'")
+        return self
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used, with the file and field that are wrong."""
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {dotted}: {k!r} is not a section")
+    node[keys[-1]] = value
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`["rollout.temperature=0.7", ...]` -> nested dict; values parsed as YAML scalars/lists."""
+    tree: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"--set {pair!r}: expected key=value")
+        key, raw = pair.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def apply_preset(tree: dict[str, Any]) -> dict[str, Any]:
+    """Fill algorithm (and related) defaults from `algo.preset`; explicit values in `tree` win."""
+    from grpo_core.algo.presets import PRESETS
+
+    name = (tree.get("algo") or {}).get("preset", "grpo")
+    if name not in PRESETS:
+        raise ConfigError(f"algo.preset={name!r} is unknown; choose one of {sorted(PRESETS)}")
+    return _merge(PRESETS[name], tree)
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  {loc}: {e['msg']}" + (f" (got {e['input']!r})" if "input" in e and loc != "(top level)"
+                                               and not isinstance(e["input"], dict) else ""))
+    return "\n".join(lines)
+
+
+def build_config(tree: dict[str, Any], source: str = "<dict>") -> GRPOConfig:
+    try:
+        return GRPOConfig.model_validate(apply_preset(tree))
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                preset: str | None = None) -> GRPOConfig:
+    """Read a YAML config, apply `--set key=value` overrides and the preset, validate."""
+    tree: dict[str, Any] = {}
+    source = "<overrides>"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        try:
+            tree = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    if preset is not None:
+        tree = _merge(tree, {"algo": {"preset": preset}})
+    if overrides:
+        tree = _merge(tree, parse_overrides(overrides))
+        source += " with --set " + " ".join(overrides)
+    return build_config(tree, source)

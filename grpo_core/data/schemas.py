@@ -1,0 +1,55 @@
+"""Arrow schemas of the stage outputs (see DESIGN.md, "One iteration, as data").
+
+The fixed columns are typed here; dataset columns (gt_answer, test_cases, ...) follow them with inferred types.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+ROLLOUT_FIELDS = [
+    pa.field("iteration", pa.int64(), nullable=False),
+    pa.field("prompt_id", pa.int64(), nullable=False),      # row index of the prompt in its dataset file
+    pa.field("group_id", pa.int64(), nullable=False),       # index of the group (prompt) within the iteration
+    pa.field("sample_idx", pa.int32(), nullable=False),     # 0..G-1 within the group
+    pa.field("prompt_token_ids", pa.list_(pa.int32()), nullable=False),
+    pa.field("response_token_ids", pa.list_(pa.int32()), nullable=False),
+    pa.field("sampler_logprobs", pa.list_(pa.float32()), nullable=False),
+    pa.field("response_text", pa.string(), nullable=False),
+    pa.field("finish_reason", pa.string(), nullable=False),
+    pa.field("truncated", pa.bool_(), nullable=False),      # stopped by max_new_tokens, not by EOS
+    pa.field("response_length", pa.int32(), nullable=False),
+    pa.field("policy_version", pa.int64(), nullable=False),  # learner step of the weights that sampled it
+]
+ROLLOUT_SCHEMA = pa.schema(ROLLOUT_FIELDS)
+
+SCORE_FIELDS = [
+    pa.field("reward", pa.float64(), nullable=True),         # null when the row could not be scored
+    pa.field("reward_error", pa.string(), nullable=True),
+    pa.field("advantage", pa.float32(), nullable=False),
+    pa.field("kept", pa.bool_(), nullable=False),             # counts in the loss (not filtered)
+]
+
+
+def rollouts_table(rows: list[dict[str, Any]], dataset_columns: list[dict[str, Any]]) -> pa.Table:
+    """Typed fixed columns, then the dataset columns of each row's prompt (prefixed names never collide)."""
+    fixed = pa.Table.from_pylist(rows, schema=ROLLOUT_SCHEMA)
+    if not dataset_columns or not dataset_columns[0]:
+        return fixed
+    extra = pa.Table.from_pylist(dataset_columns)
+    for name in extra.column_names:
+        if name in ROLLOUT_SCHEMA.names:
+            raise ValueError(f"dataset column {name!r} collides with a rollout column; rename it in the data")
+        fixed = fixed.append_column(name, extra.column(name))
+    return fixed
+
+
+def check_schema(table: pa.Table, fields: list[pa.Field], what: str) -> None:
+    """Raise naming the first missing or mistyped column."""
+    for f in fields:
+        if f.name not in table.column_names:
+            raise ValueError(f"{what}: column {f.name!r} is missing")
+        if table.schema.field(f.name).type != f.type:
+            raise ValueError(f"{what}: column {f.name!r} has type {table.schema.field(f.name).type}, "
+                             f"expected {f.type}")

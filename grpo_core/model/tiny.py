@@ -1,0 +1,324 @@
+"""The tiny CPU demo policy: a byte-level BPE tokenizer and a small random Qwen2, warmed up on the arithmetic task.
+
+Why a warm-up with noisy answers: the demo must show GRPO *teaching* something within minutes on two CPU cores. A
+random model never produces a parseable answer (zero reward everywhere, nothing to learn from), and a model trained on
+the true answers leaves nothing to learn. So the warm-up is supervised on the train split with targets
+``a + b + delta``, where delta is drawn afresh every time: 0 with probability ~0.1, else one of +-1, +-2. The policy
+learns the answer format and the *neighbourhood* of the answer (a digit-level rule that carries over to held-out
+operand pairs), greedy decoding lands on a wrong neighbour, and sampling at temperature 1 hits the exact answer about
+one time in ten, so most groups of 8 samples hold a reward. GRPO then only has to learn "delta = 0", which is one
+shared direction for all problems and transfers to the held-out eval split.
+
+The tokenizer uses Qwen2's normalizer, pre-tokenizer and decoder, so transformers (which loads the folder as
+``Qwen2Tokenizer``), the `tokenizers` library and vLLM all produce the same ids.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from grpo_core.data import arith
+
+SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# Same as transformers' Qwen2Tokenizer.
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"""
+    r"""\s+(?!\S)|\s+"""
+)
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Shape of the model and of its warm-up. The defaults are the ones measured to suit the demo (see module doc)."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 512
+    max_positions: int = 256
+    vocab_size: int = 400
+    warmup_steps: int = 300
+    batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    p_exact: float = 0.1
+    offsets: tuple[int, ...] = (-2, -1, 1, 2)
+    eval_max_new_tokens: int = 16
+
+
+# ---------------------------------------------------------------- tokenizer
+
+def chat_messages(user: str, system: str | None = SYSTEM_PROMPT) -> list[dict[str, str]]:
+    """The messages of one prompt as the rollout builds them: optional system prompt, then the user turn."""
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+
+
+def render_prompt(user: str, system: str | None = SYSTEM_PROMPT) -> str:
+    """CHAT_TEMPLATE applied by hand (with the generation prompt); the test checks it equals the jinja output."""
+    text = "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in chat_messages(user, system))
+    return text + f"{IM_START}assistant\n"
+
+
+def response_text(user: str, answer: int, restate: bool = False) -> str:
+    """The response the warm-up teaches: the boxed answer (eos follows); `restate` writes the sum first."""
+    if restate:
+        a, b = arith.parse_question(user)
+        return f"{a} + {b} = \\boxed{{{answer}}}"
+    return f"\\boxed{{{answer}}}"
+
+
+def _train_tokenizer(corpus: list[str], vocab_size: int):
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return tok
+
+
+def build_tokenizer(corpus: list[str], vocab_size: int):
+    """A Qwen2Tokenizer (transformers) whose BPE vocab and merges are trained on `corpus`."""
+    from transformers import Qwen2Tokenizer
+
+    trained = _train_tokenizer(corpus, vocab_size)
+    model = json.loads(trained.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    tokenizer = Qwen2Tokenizer(vocab=model["vocab"], merges=merges, unk_token=None, eos_token=IM_END,
+                               pad_token=PAD_TOKEN, extra_special_tokens=[IM_START])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    for t in SPECIAL_TOKENS:
+        if tokenizer.convert_tokens_to_ids(t) != model["vocab"][t]:
+            raise RuntimeError(f"special token {t} got id {tokenizer.convert_tokens_to_ids(t)}, "
+                               f"expected {model['vocab'][t]}")
+    return tokenizer
+
+
+# ---------------------------------------------------------------- data
+
+def read_questions(path: str | Path) -> list[tuple[str, int]]:
+    """(user prompt, integer answer) of each row of a math-format jsonl file."""
+    rows = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON: {err}") from None
+            msgs = row.get("messages")
+            msg = msgs[-1] if isinstance(msgs, list) and msgs else msgs
+            if not isinstance(msg, dict) or not isinstance(msg.get("content"), str):
+                raise ValueError(f"{path}:{lineno}: field 'messages' must be a message dict or a list of them")
+            try:
+                answer = int(row["gt_answer"])
+            except (KeyError, TypeError, ValueError):
+                raise ValueError(f"{path}:{lineno}: field 'gt_answer' must be an integer string, "
+                                 f"got {row.get('gt_answer')!r}") from None
+            rows.append((msg["content"], answer))
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+def boxed_int(text: str) -> int | None:
+    """The integer in the last ``\\boxed{}`` of `text`, or None."""
+    found = _BOXED.findall(text)
+    if not found:
+        return None
+    try:
+        return int(found[-1].strip())
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------- model
+
+def build_model(spec: TinySpec, vocab_size: int, eos_id: int, pad_id: int, seed: int):
+    """A random fp32 Qwen2ForCausalLM of `spec`'s shape with tied embeddings."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if spec.hidden_size % spec.num_heads:
+        raise ValueError(f"hidden_size={spec.hidden_size} is not a multiple of num_heads={spec.num_heads}")
+    head_dim = spec.hidden_size // spec.num_heads
+    if head_dim not in (32, 64) and head_dim < 80:
+        raise ValueError(f"head_dim={head_dim}: vLLM's CPU attention needs 32, 64 or >= 80")
+    config = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_heads,
+        max_position_embeddings=spec.max_positions, tie_word_embeddings=True, bos_token_id=None,
+        eos_token_id=eos_id, pad_token_id=pad_id, torch_dtype="float32", use_cache=True)
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config).float()
+
+
+def _noisy_answer(answer: int, spec: TinySpec, rng: random.Random) -> int:
+    if rng.random() < spec.p_exact:
+        return answer
+    return answer + rng.choice(spec.offsets)
+
+
+def _encode_examples(tokenizer, questions: list[tuple[str, int]], answers: list[int]):
+    """(shared prefix ids [P], right-padded suffix ids [B, T], labels [B, T]).
+
+    Every prompt starts with the same system prompt and template text: that common prefix is run once per batch and
+    its key/value cache shared, which halves the warm-up's compute. Labels cover the response and its eos only.
+    """
+    seqs, masks = [], []
+    for (user, _), shown in zip(questions, answers):
+        p = tokenizer.encode(render_prompt(user), add_special_tokens=False)
+        r = tokenizer.encode(response_text(user, shown), add_special_tokens=False) + [tokenizer.eos_token_id]
+        seqs.append(p + r)
+        masks.append([0] * len(p) + [1] * len(r))
+    common = min(map(len, seqs))
+    for s in seqs[1:]:
+        common = next((i for i, (x, y) in enumerate(zip(seqs[0][:common], s)) if x != y), common)
+    common = max(1, min(common, min(m.index(1) for m in masks)))
+    prefix = torch.tensor(seqs[0][:common])
+    width = max(map(len, seqs)) - common
+    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for i, (s, m) in enumerate(zip(seqs, masks)):
+        n = len(s) - common
+        ids[i, :n] = torch.tensor(s[common:])
+        labels[i, :n] = torch.tensor([t if keep else -100 for t, keep in zip(s[common:], m[common:])])
+    return prefix, ids, labels
+
+
+def _shared_prefix_loss(model, prefix: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss over labelled suffix tokens, the prefix computed once and its cache repeated."""
+    out = model(input_ids=prefix[None], use_cache=True)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(ids.shape[0])
+    logits = model(input_ids=ids, past_key_values=cache, use_cache=False).logits
+    # position j of the suffix is predicted by suffix position j-1 (j=0 by the prefix's last position)
+    logits = torch.cat([out.logits[:, -1:].expand(ids.shape[0], 1, -1), logits[:, :-1]], dim=1)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                             ignore_index=-100)
+
+
+def warm_up(model, tokenizer, questions: list[tuple[str, int]], spec: TinySpec, seed: int,
+            log: Callable[[str], None] = print) -> float:
+    """Supervised steps on noisy answers (fresh noise every step); returns the mean loss of the last 20 steps."""
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.98))
+    warm = max(1, spec.warmup_steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / spec.warmup_steps))))
+    model.train()
+    losses = []
+    for step in range(spec.warmup_steps):
+        batch = [questions[rng.randrange(len(questions))] for _ in range(spec.batch_size)]
+        loss = _shared_prefix_loss(model, *_encode_examples(
+            tokenizer, batch, [_noisy_answer(a, spec, rng) for _, a in batch]))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if step % 25 == 0 or step == spec.warmup_steps - 1:
+            log(f"warm-up step {step}: loss {loss.item():.4f}")
+    model.eval()
+    tail = losses[-20:]
+    return sum(tail) / len(tail)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, users: list[str], *, greedy: bool, max_new_tokens: int, seed: int = 0,
+             temperature: float = 1.0) -> list[str]:
+    """Responses to `users` (left-padded batch, HF generate), decoded without special tokens."""
+    tokenizer.padding_side = "left"
+    enc = tokenizer([render_prompt(u) for u in users], return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(seed)
+    kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, **kwargs)
+    return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def accuracy(model, tokenizer, questions: list[tuple[str, int]], *, greedy: bool, max_new_tokens: int,
+             seed: int = 0) -> dict[str, float]:
+    """Exact-answer accuracy and the share of parseable boxed answers."""
+    texts = generate(model, tokenizer, [u for u, _ in questions], greedy=greedy, max_new_tokens=max_new_tokens,
+                     seed=seed)
+    got = [boxed_int(t) for t in texts]
+    n = len(questions)
+    return {"accuracy": sum(g == a for g, (_, a) in zip(got, questions)) / n,
+            "parseable": sum(g is not None for g in got) / n}
+
+
+def tokenizer_corpus(questions: list[tuple[str, int]], spec: TinySpec) -> list[str]:
+    """Everything the tokenizer must encode well: prompts (with template and system prompt) and responses."""
+    corpus = [SYSTEM_PROMPT, CHAT_TEMPLATE]
+    for user, answer in questions:
+        corpus.append(render_prompt(user))
+        corpus.append(response_text(user, answer) + IM_END)
+    corpus.extend(str(n) for n in range(0, 1000))
+    return corpus
+
+
+def build_tiny(out_dir: str | Path, *, train_path: str | Path = "data/arith/train.jsonl", seed: int = 0,
+               log: Callable[[str], None] = print, spec: TinySpec = TinySpec(),
+               eval_path: str | Path | None = None) -> dict[str, Any]:
+    """Build, warm up and save the demo policy under `out_dir`; returns its metrics.
+
+    The eval split defaults to ``eval.jsonl`` beside `train_path`; its accuracies are reported, never trained on.
+    """
+    from transformers import GenerationConfig
+
+    t0 = time.monotonic()
+    torch.manual_seed(seed)
+    train_path = Path(train_path)
+    eval_path = Path(eval_path) if eval_path is not None else train_path.with_name("eval.jsonl")
+    train = read_questions(train_path)
+    evals = read_questions(eval_path) if eval_path.exists() else []
+    tokenizer = build_tokenizer(tokenizer_corpus(train, spec), spec.vocab_size)
+    model = build_model(spec, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed)
+    params = sum(p.numel() for p in model.parameters())
+    log(f"tiny Qwen2: {params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
+    loss = warm_up(model, tokenizer, train, spec, seed, log)
+    metrics: dict[str, Any] = {"params": params, "vocab_size": len(tokenizer), "warmup_loss": loss,
+                               "warmup_seconds": time.monotonic() - t0, "spec": asdict(spec)}
+    if evals:
+        for mode in ("greedy", "sampled"):
+            acc = accuracy(model, tokenizer, evals, greedy=mode == "greedy", max_new_tokens=spec.eval_max_new_tokens,
+                           seed=seed)
+            metrics[f"eval_{mode}_accuracy"] = acc["accuracy"]
+            metrics[f"eval_{mode}_parseable"] = acc["parseable"]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id, do_sample=False)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    metrics["seconds"] = time.monotonic() - t0
+    log(f"tiny model saved to {out}: " + ", ".join(f"{k}={v:.3g}" for k, v in metrics.items()
+                                                   if isinstance(v, float)))
+    return metrics

@@ -1,0 +1,92 @@
+"""The score stage: rewards for every rollout row, then advantages and the mask of rows that count in the loss.
+
+A row that could not be scored keeps its place with a null reward and the reason (``reward_error``); it is left out
+of the loss and does not move its group's baseline. Rows are never dropped: filters only clear ``kept``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from grpo_core.algo import compute_advantages, group_filter, overlong_mask, soft_overlong_penalty
+from grpo_core.config import GRPOConfig
+from grpo_core.data.schemas import ROLLOUT_SCHEMA
+from grpo_core.rewards.scorer import RewardResult, Scorer
+
+
+def dataset_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """The dataset columns of each rollout row (what reward functions receive besides the completion)."""
+    names = [n for n in table.column_names if n not in ROLLOUT_SCHEMA.names]
+    return table.select(names).to_pylist()
+
+
+def score_table(table: pa.Table, scorer: Scorer, max_new_tokens: int) -> tuple[list[RewardResult], dict[str, float]]:
+    completions = table.column("response_text").to_pylist()
+    lengths = table.column("response_length").to_pylist()
+    results = scorer.score(completions, dataset_rows(table), completion_lengths=lengths,
+                           max_new_tokens=max_new_tokens)
+    scored = [r.reward for r in results if r.reward is not None]
+    metrics = {"reward_mean": sum(scored) / len(scored) if scored else float("nan"),
+               "unscored": float(len(results) - len(scored))}
+    for name in (results[0].components if results else {}):
+        values = [r.components.get(name) for r in results if r.components.get(name) is not None]
+        metrics[f"reward_{name}_mean"] = sum(values) / len(values) if values else float("nan")
+    return results, metrics
+
+
+def with_rewards(table: pa.Table, results: list[RewardResult]) -> pa.Table:
+    out = table.append_column("reward", pa.array([r.reward for r in results], pa.float64()))
+    for name in (results[0].components if results else {}):
+        out = out.append_column(f"reward_{name}", pa.array([r.components.get(name) for r in results], pa.float64()))
+    return out.append_column("reward_error", pa.array([r.error for r in results], pa.string()))
+
+
+def group_rewards(table: pa.Table, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, G] rewards (unscored rows filled with their group's mean, so they leave the baseline alone) and the
+    [N, G] mask of scored rows. Rows must be ordered by group then sample, as the rollout stage writes them."""
+    rewards = table.column("reward").to_pylist()
+    if len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} rows do not form groups of {group_size}")
+    scored = torch.tensor([r is not None for r in rewards]).view(-1, group_size)
+    values = torch.tensor([0.0 if r is None else float(r) for r in rewards], dtype=torch.float64).view(-1, group_size)
+    counts = scored.sum(dim=1, keepdim=True).clamp(min=1)
+    fill = (values * scored).sum(dim=1, keepdim=True) / counts
+    return torch.where(scored, values, fill), scored
+
+
+def group_success(table: pa.Table, group_size: int) -> torch.Tensor | None:
+    """[N, G] accuracy in [0, 1] (unscored rows count as wrong): what dynamic sampling filters on."""
+    if "reward_accuracy" not in table.column_names:
+        return None
+    acc = [0.0 if a is None else float(a) for a in table.column("reward_accuracy").to_pylist()]
+    return torch.tensor(acc, dtype=torch.float64).view(-1, group_size)
+
+
+def add_advantages(table: pa.Table, cfg: GRPOConfig) -> tuple[pa.Table, dict[str, float]]:
+    """Soft overlong shaping, advantages, and the kept mask (unscored rows, overlong filter)."""
+    algo, g = cfg.algo, cfg.rollout.samples_per_prompt
+    rewards, scored = group_rewards(table, g)
+    metrics: dict[str, float] = {}
+    if algo.soft_overlong:
+        lengths = torch.tensor(table.column("response_length").to_pylist(), dtype=torch.float64)
+        penalty, m = soft_overlong_penalty(lengths, cfg.rollout.max_new_tokens, algo.soft_overlong_cache_length,
+                                           algo.soft_overlong_penalty)
+        rewards = rewards + penalty.view(-1, g)
+        metrics.update(m)
+    advantages, m = compute_advantages(rewards, algo.advantage_estimator, algo.advantage_scale)
+    metrics.update(m)
+    kept = scored.reshape(-1).clone()
+    if algo.overlong_filter:
+        keep, m = overlong_mask(torch.tensor(table.column("truncated").to_pylist()))
+        kept &= keep
+        metrics.update(m)
+    success = group_success(table, g)
+    if success is not None:
+        _, m = group_filter(success, algo.filter_range)
+        metrics.update(m)
+    out = table.append_column("advantage", pa.array(advantages.reshape(-1).float().tolist(), pa.float32()))
+    out = out.append_column("kept", pa.array(kept.tolist(), pa.bool_()))
+    metrics["kept_frac"] = float(kept.float().mean())
+    return out, metrics

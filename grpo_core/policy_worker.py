@@ -1,0 +1,162 @@
+"""The engines of one device for the colocated placement: a vLLM sampler and a DeepSpeed learner side by side.
+
+This is a plain class (testable without Ray); ``grpo_core.cluster`` turns it into a long-lived Ray actor. Each
+method is one stage's work on the engines: it reads its inputs from the run folder, writes its output there
+(data first, manifest last) and returns a small reference with metrics, never the data itself.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+import torch
+
+from grpo_core.config import GRPOConfig
+from grpo_core.data.schemas import rollouts_table
+from grpo_core.rollout.sampler import SamplerSpec, VLLMSampler
+from grpo_core.storage import RunStore
+from grpo_core.train.batch import pack_batch
+from grpo_core.train.learner import Learner, LearnerSpec
+from grpo_core.weights.inprocess import push_in_process
+
+
+def _optimizer_steps_per_iteration(cfg: GRPOConfig) -> int:
+    mini = cfg.train.mini_batch_size or cfg.batch_size
+    return cfg.train.ppo_epochs * (cfg.batch_size // mini)
+
+
+class PolicyWorker:
+    def __init__(self, cfg: GRPOConfig):
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg
+        self.store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
+        if cfg.cluster.torch_threads:
+            torch.set_num_threads(cfg.cluster.torch_threads)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        started = time.perf_counter()
+        # The sampler first: in-process vLLM creates the world-of-one process group that DeepSpeed then reuses.
+        self.sampler = VLLMSampler(SamplerSpec(
+            model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed, kv_cache_mb=cfg.rollout.kv_cache_mb,
+            max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
+            enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization))
+        mini = cfg.train.mini_batch_size or cfg.batch_size
+        micro = min(cfg.train.micro_batch_size, mini)
+        self.learner = Learner(
+            LearnerSpec(model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed,
+                        total_steps=cfg.iterations * _optimizer_steps_per_iteration(cfg),
+                        temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens),
+            cfg.algo, cfg.train, micro_batch_size=micro, grad_accum_steps=mini // micro)
+        self.startup_seconds = time.perf_counter() - started
+
+    # ------------------------------------------------------------------------------------------------ status
+    def info(self) -> dict[str, Any]:
+        return {"sampler_version": self.sampler.version, "learner_version": self.learner.version,
+                "sampler_load_s": self.sampler.load_seconds, "learner_init_s": self.learner.init_seconds,
+                "startup_s": self.startup_seconds}
+
+    def versions(self) -> tuple[int, int]:
+        return self.sampler.version, self.learner.version
+
+    # ------------------------------------------------------------------------------------------------ stages
+    def rollout(self, iteration: int, prompts: list[dict[str, Any]], name: str = "rollouts.parquet",
+                seed_offset: int = 0) -> dict[str, Any]:
+        """Sample G responses for each prompt (``{"prompt_id", "prompt_token_ids", "columns"}``) and write them.
+
+        If the stage output is already complete and was sampled with the weights we serve now, reuse it."""
+        done = self.store.entry(iteration, name)
+        if done is not None and done.meta.get("policy_version") == self.sampler.version:
+            return {"name": name, "rows": done.rows, "reused": True, **done.meta}
+        ro = self.cfg.rollout
+        started = time.perf_counter()
+        seeds = [self._seed(iteration, seed_offset + gi) for gi in range(len(prompts))]
+        groups = self.sampler.generate([p["prompt_token_ids"] for p in prompts], n=ro.samples_per_prompt,
+                                       max_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
+                                       seeds=seeds)
+        seconds = time.perf_counter() - started
+        rows, columns = [], []
+        for gi, (prompt, samples) in enumerate(zip(prompts, groups)):
+            for si, s in enumerate(samples):
+                rows.append({
+                    "iteration": iteration, "prompt_id": prompt["prompt_id"], "group_id": seed_offset + gi,
+                    "sample_idx": si, "prompt_token_ids": prompt["prompt_token_ids"],
+                    "response_token_ids": s.token_ids, "sampler_logprobs": s.logprobs, "response_text": s.text,
+                    "finish_reason": s.finish_reason, "truncated": s.finish_reason == "length",
+                    "response_length": len(s.token_ids), "policy_version": self.sampler.version})
+                columns.append(prompt.get("columns", {}))
+        table = rollouts_table(rows, columns)
+        lengths = [r["response_length"] for r in rows]
+        meta = {"policy_version": self.sampler.version, "seconds": seconds,
+                "tokens": int(sum(lengths)), "response_length_mean": sum(lengths) / len(lengths),
+                "response_length_max": max(lengths),
+                "truncated_frac": sum(r["truncated"] for r in rows) / len(rows)}
+        entry = self.store.put_table(iteration, name, table, meta=meta)
+        return {"name": name, "rows": entry.rows, "reused": False, **meta}
+
+    def generate_eval(self, iteration: int, prompts: list[dict[str, Any]], greedy: bool, samples: int,
+                      name: str = "eval_rollouts.parquet") -> dict[str, Any]:
+        """Responses on the eval split: greedy (one per prompt) or sampled at the rollout temperature."""
+        ro = self.cfg.rollout
+        started = time.perf_counter()
+        token_lists = [p["prompt_token_ids"] for p in prompts]
+        if greedy:
+            groups = [[s] for s in self.sampler.generate_greedy(token_lists, max_tokens=ro.max_new_tokens)]
+        else:
+            groups = self.sampler.generate(token_lists, n=samples, max_tokens=ro.max_new_tokens,
+                                           temperature=ro.temperature, top_p=ro.top_p,
+                                           seeds=[self._seed(iteration, 10**6 + i) for i in range(len(prompts))])
+        rows, columns = [], []
+        for gi, (prompt, samples_) in enumerate(zip(prompts, groups)):
+            for si, s in enumerate(samples_):
+                rows.append({
+                    "iteration": iteration, "prompt_id": prompt["prompt_id"], "group_id": gi, "sample_idx": si,
+                    "prompt_token_ids": prompt["prompt_token_ids"], "response_token_ids": s.token_ids,
+                    "sampler_logprobs": s.logprobs, "response_text": s.text, "finish_reason": s.finish_reason,
+                    "truncated": s.finish_reason == "length", "response_length": len(s.token_ids),
+                    "policy_version": self.sampler.version})
+                columns.append(prompt.get("columns", {}))
+        meta = {"policy_version": self.sampler.version, "seconds": time.perf_counter() - started,
+                "greedy": greedy}
+        entry = self.store.put_table(iteration, name, rollouts_table(rows, columns), meta=meta)
+        return {"name": name, "rows": entry.rows, **meta}
+
+    def train(self, iteration: int, name: str = "scored.parquet") -> dict[str, Any]:
+        """One policy update on the iteration's scored batch; writes train.json."""
+        table = self.store.get_table(iteration, name)
+        cols = table.select(["prompt_token_ids", "response_token_ids", "sampler_logprobs", "advantage", "kept"])
+        data = cols.to_pydict()
+        batch = pack_batch(data["prompt_token_ids"], data["response_token_ids"], data["sampler_logprobs"],
+                           data["advantage"], data["kept"], self.pad_id)
+        metrics = self.learner.train_step(batch)
+        metrics["policy_version"] = self.learner.version
+        self.store.put_json(iteration, "train.json", metrics, meta={"policy_version": self.learner.version})
+        return metrics
+
+    def sync(self) -> dict[str, float]:
+        """Push the learner's weights into the sampler (in-process)."""
+        return push_in_process(self.learner, self.sampler)
+
+    # ----------------------------------------------------------------------------------------------- checks
+    def sampler_logprobs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
+        return self.sampler.score_tokens(sequences, prompt_lens)
+
+    def learner_logprobs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
+        batch = pack_batch([s[:p] for s, p in zip(sequences, prompt_lens)],
+                           [s[p:] for s, p in zip(sequences, prompt_lens)], None,
+                           [0.0] * len(sequences), [True] * len(sequences), self.pad_id)
+        logp = self.learner.logprobs(batch)
+        return [logp[i, p - 1: len(s) - 1].tolist() for i, (s, p) in enumerate(zip(sequences, prompt_lens))]
+
+    def weights_digest(self) -> str:
+        """sha256 over the learner's parameters: tests check that training changed them."""
+        h = hashlib.sha256()
+        for name, t in self.learner.named_weights():
+            h.update(name.encode())
+            h.update(t.float().cpu().numpy().tobytes())
+        return h.hexdigest()
+
+    def _seed(self, iteration: int, group: int) -> int:
+        # Distinct per (seed, iteration, group); vLLM adds 0..G-1 for the group's samples.
+        return (self.cfg.seed * 1_000_003 + iteration * 10_007 + group * 1_009) % (2**31 - 1)

@@ -1,0 +1,38 @@
+"""The live display of a training run: a progress bar plus one line per iteration."""
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+class Progress:
+    def __init__(self, total: int, console: Console | None = None):
+        self.console = console or Console()
+        self.bar = RichProgress(TextColumn("[bold]grpo-train"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.description}"),
+                                console=self.console, transient=False)
+        self.task = self.bar.add_task("", total=total)
+
+    def __enter__(self) -> "Progress":
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def update(self, row: dict[str, Any]) -> None:
+        it = row["iteration"]
+        line = (f"iter {it:4d}  reward {_fmt(row.get('reward_mean'), '.3f')}  "
+                f"eval_acc {_fmt(row.get('eval_accuracy'), '.3f')}  loss {_fmt(row.get('loss'), '+.4f')}  "
+                f"len {_fmt(row.get('response_length_mean'), '.1f')}  "
+                f"time {_fmt(row.get('time_iteration_s', row.get('time_eval_s')), '.2f')}s")
+        self.bar.console.print(line)
+        if row.get("reward_mean") is not None:
+            self.bar.update(self.task, advance=1, description=f"reward {row['reward_mean']:.3f}")

@@ -1,0 +1,153 @@
+"""The run report: training curves as a PNG, a few summary lines, a metrics table.
+
+Why: after (or during) a run the user wants one glance at whether reward and eval accuracy
+went up and where the time went, without opening a notebook. Everything here reads the
+``metrics.parquet`` table (one row per iteration) and returns data (PNG bytes, strings, a rich
+Table); writing it somewhere is the caller's job (``RunStore.put_bytes``).
+
+Column conventions: ``iteration``, ``reward_mean``, ``eval_accuracy`` (null on iterations
+without an evaluation), ``time_<stage>_s`` (seconds spent in a stage), and optionally
+``time_total_s`` (wall time of the whole iteration; otherwise the stage times are summed).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from typing import Sequence
+
+import pyarrow as pa
+
+_STAGE_TIME = re.compile(r"^time_(.+)_s$")
+_TOTAL_TIME = "time_total_s"
+
+
+def _points(metrics: pa.Table, column: str) -> tuple[list[int], list[float]]:
+    """(iterations, values) where ``column`` is present and not null/NaN, sorted by iteration."""
+    if column not in metrics.column_names or "iteration" not in metrics.column_names:
+        return [], []
+    pairs = sorted(
+        (int(i), float(v))
+        for i, v in zip(metrics["iteration"].to_pylist(), metrics[column].to_pylist())
+        if i is not None and v is not None and not (isinstance(v, float) and math.isnan(v))
+    )
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def plot_curves(metrics: pa.Table, title: str = "GRPO training curves") -> bytes:
+    """PNG of reward_mean per iteration (top) and eval_accuracy where evaluated (bottom)."""
+    # Figure without pyplot: no global figure registry, and the Agg canvas needs no display.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(8, 6), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_reward, ax_eval = fig.subplots(2, 1, sharex=True)
+    fig.suptitle(title)
+
+    its, rewards = _points(metrics, "reward_mean")
+    if its:
+        ax_reward.plot(its, rewards, marker="o", markersize=3, linewidth=1.5, color="tab:blue")
+    else:
+        ax_reward.text(0.5, 0.5, "no reward_mean recorded", ha="center", va="center", transform=ax_reward.transAxes)
+    ax_reward.set_ylabel("reward_mean")
+    ax_reward.set_title("mean reward per iteration", fontsize=10)
+    ax_reward.grid(True, alpha=0.3)
+
+    its, accs = _points(metrics, "eval_accuracy")
+    if its:
+        ax_eval.plot(its, accs, marker="o", markersize=5, linewidth=1, linestyle="--", color="tab:green")
+    else:
+        ax_eval.text(0.5, 0.5, "no eval_accuracy recorded", ha="center", va="center", transform=ax_eval.transAxes)
+    ax_eval.set_ylabel("eval_accuracy")
+    ax_eval.set_xlabel("iteration")
+    ax_eval.set_title("eval accuracy (iterations with an evaluation)", fontsize=10)
+    ax_eval.grid(True, alpha=0.3)
+    ax_eval.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _first_last(metrics: pa.Table, column: str, label: str) -> str:
+    its, values = _points(metrics, column)
+    if not its:
+        return f"{label}: none recorded"
+    if len(its) == 1:
+        return f"{label}: {_fmt(values[0])} (iteration {its[0]})"
+    return (
+        f"{label}: first {_fmt(values[0])} (iteration {its[0]}) -> "
+        f"last {_fmt(values[-1])} (iteration {its[-1]})"
+    )
+
+
+def stage_columns(metrics: pa.Table) -> list[tuple[str, str]]:
+    """(stage, column) for every ``time_<stage>_s`` column except ``time_total_s``, in table order."""
+    return [
+        (m.group(1), name)
+        for name in metrics.column_names
+        if (m := _STAGE_TIME.match(name)) and name != _TOTAL_TIME
+    ]
+
+
+def summary_lines(metrics: pa.Table) -> list[str]:
+    """Iterations, eval accuracy and reward first/last, mean seconds per stage, total time."""
+    iterations = [i for i in (metrics["iteration"].to_pylist() if "iteration" in metrics.column_names else []) if i is not None]
+    if not iterations:
+        return ["iterations: 0"]
+    lines = [f"iterations: {len(iterations)} ({min(iterations)}..{max(iterations)})"]
+    lines.append(_first_last(metrics, "eval_accuracy", "eval accuracy"))
+    lines.append(_first_last(metrics, "reward_mean", "reward mean"))
+
+    stage_means = []
+    stage_total = 0.0
+    for stage, column in stage_columns(metrics):
+        _, values = _points(metrics, column)
+        if values:
+            stage_means.append(f"{stage} {_fmt(sum(values) / len(values))}")
+            stage_total += sum(values)
+    lines.append("mean seconds per stage: " + (", ".join(stage_means) if stage_means else "none recorded"))
+
+    _, totals = _points(metrics, _TOTAL_TIME)
+    if totals:
+        lines.append(f"total time: {_fmt(sum(totals))} s over {len(totals)} iterations")
+    elif stage_means:
+        lines.append(f"total time: {_fmt(stage_total)} s (sum of stage times)")
+    else:
+        lines.append("total time: none recorded")
+    return lines
+
+
+def metrics_table(metrics: pa.Table, columns: Sequence[str] | None = None, last: int | None = None):
+    """A ``rich.table.Table`` of the metrics (chosen columns, optionally only the last N rows)."""
+    from rich.table import Table
+
+    names = [c for c in (columns or metrics.column_names) if c in metrics.column_names]
+    rows = metrics.select(names).to_pylist()
+    if last is not None:
+        rows = rows[-last:] if last > 0 else []
+    table = Table(title="metrics")
+    for name in names:
+        table.add_column(name, justify="right")
+    for row in rows:
+        table.add_row(*("" if row[n] is None else _fmt(row[n]) if isinstance(row[n], float) else str(row[n]) for n in names))
+    return table
+
+
+def write_report(store, title: str | None = None) -> list[str]:
+    """Write ``report/curves.png`` and ``report/summary.txt`` into a run folder; return the lines.
+
+    ``store`` is anything with ``read_metrics()`` and ``put_bytes(rel_path, data)`` (a RunStore).
+    """
+    metrics = store.read_metrics()
+    lines = summary_lines(metrics)
+    store.put_bytes("report/curves.png", plot_curves(metrics, title=title or "GRPO training curves"))
+    store.put_bytes("report/summary.txt", ("\n".join(lines) + "\n").encode())
+    return lines

@@ -1,0 +1,180 @@
+"""``grpo score``: score a file of responses offline with the same Scorer the training flow uses.
+
+INPUT is jsonl or parquet with a response column; OUTPUT (jsonl or parquet, by extension) keeps every input row and
+column in order and adds ``reward``, one ``reward_<name>`` column per reward component, and ``reward_error``. A row
+whose response is missing or not a string is an error naming the file, row and field (``--on-bad-row error``), or
+keeps its place unscored with the reason in ``reward_error`` (``--on-bad-row skip``): nothing is dropped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any
+
+from grpo_core.rewards.accuracy import REWARD_TYPES
+from grpo_core.rewards.scorer import RewardResult, Scorer
+
+
+class ScoreInputError(ValueError):
+    """The input file or one of its rows cannot be scored; names the file, row and field."""
+
+
+def add_score_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``grpo score``."""
+    parser.add_argument("input", help="jsonl or parquet file with one response per row")
+    parser.add_argument("-o", "--output", required=True, help="output file (.jsonl or .parquet)")
+    parser.add_argument("--reward-type", choices=REWARD_TYPES, default="boxed")
+    parser.add_argument("--rewards", default="accuracy",
+                        help="comma-separated reward names (accuracy,format,cosine,repetition) or module:function")
+    parser.add_argument("--reward-weights", default=None, help="comma-separated weights, one per reward (default 1)")
+    parser.add_argument("--prompt-key", default="messages",
+                        help="prompt column (not needed to score; accepted so data flags match `grpo train`)")
+    parser.add_argument("--answer-key", default="gt_answer", help="column with the gold answer (math)")
+    parser.add_argument("--response-key", default="response", help="column with the response to score")
+    parser.add_argument("--workers", type=int, default=2, help="scorer worker processes")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per row and reward component")
+    parser.add_argument("--on-bad-row", choices=("error", "skip"), default="error")
+
+
+def run_score(args: argparse.Namespace) -> int:
+    """Score ``args.input`` into ``args.output``; prints a one-line summary. Returns 0, or 2 on bad input."""
+    try:
+        rewards = [name.strip() for name in args.rewards.split(",") if name.strip()]
+        weights = _weights(args.reward_weights)
+        if "soft_overlong" in rewards:
+            raise ScoreInputError("soft_overlong needs token counts, which a response file does not have")
+        if not args.output.endswith((".jsonl", ".json", ".parquet")):
+            raise ScoreInputError(f"{args.output}: the output must end in .jsonl or .parquet")
+        records, table = _read(args.input)
+        responses, rows, problems = _score_inputs(args, records)
+        scorer = Scorer(reward_type=args.reward_type, rewards=rewards, weights=weights, num_workers=args.workers,
+                        timeout_s=args.timeout, options={"answer_key": args.answer_key})
+    except (ScoreInputError, ValueError) as error:  # bad input or a bad reward configuration: say which
+        print(f"grpo score: {error}", file=sys.stderr)
+        return 2
+    with scorer:
+        clashes = [name for name in _column_names(scorer.plan.names) if records and name in records[0]]
+        if clashes:
+            print(f"grpo score: {args.input}: already has columns {clashes}; they would be overwritten",
+                  file=sys.stderr)
+            return 2
+        scorable = [i for i in range(len(records)) if i not in problems]
+        scored = scorer.score([responses[i] for i in scorable], [rows[i] for i in scorable])
+        names = list(scorer.plan.names)
+    results: list[RewardResult] = [RewardResult(None, {name: None for name in names}, problems.get(i))
+                                   for i in range(len(records))]
+    for index, result in zip(scorable, scored):
+        results[index] = result
+    columns = _reward_columns(results, names)
+    _write(args.output, records, table, columns)
+    print(_summary(results, len(problems)))
+    return 0
+
+
+def _weights(text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        return [float(value) for value in text.split(",")]
+    except ValueError as error:
+        raise ScoreInputError(f"--reward-weights {text!r}: {error}") from error
+
+
+def _read(path: str) -> tuple[list[dict[str, Any]], Any]:
+    """Records of the input, and the pyarrow table when it is parquet (to keep its column types on output)."""
+    if not os.path.exists(path):
+        raise ScoreInputError(f"{path}: no such file")
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        return table.to_pylist(), table
+    if path.endswith((".jsonl", ".json")):
+        records = []
+        with open(path, encoding="utf-8") as handle:
+            for line_number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ScoreInputError(f"{path}: line {line_number}: not valid JSON ({error.msg})") from None
+                if not isinstance(record, dict):
+                    raise ScoreInputError(f"{path}: line {line_number}: expected a JSON object")
+                records.append(record)
+        return records, None
+    raise ScoreInputError(f"{path}: expected a .jsonl or .parquet file")
+
+
+def _score_inputs(args: argparse.Namespace, records: list[dict[str, Any]]
+                  ) -> tuple[list[str], list[dict[str, Any]], dict[int, str]]:
+    """Responses and scorer rows; ``problems`` maps a row index to why it is not scored (with --on-bad-row skip)."""
+    responses: list[str] = []
+    rows: list[dict[str, Any]] = []
+    problems: dict[int, str] = {}
+    for index, record in enumerate(records):
+        response = record.get(args.response_key)
+        row = dict(record)
+        if isinstance(row.get("test_cases"), str):  # parquet files often store test cases as JSON text
+            try:
+                row["test_cases"] = json.loads(row["test_cases"])
+            except json.JSONDecodeError:
+                pass  # left as text: accuracy reports the field as malformed
+        responses.append(response if isinstance(response, str) else "")
+        rows.append(row)
+        if not isinstance(response, str):
+            reason = (f"field {args.response_key!r} is missing" if response is None
+                      else f"field {args.response_key!r} must be a string, got {type(response).__name__}")
+            if args.on_bad_row == "error":
+                raise ScoreInputError(f"{args.input}: row {index} (0-based, blank lines not counted): {reason}")
+            problems[index] = reason
+    return responses, rows, problems
+
+
+def _column_names(names: tuple[str, ...]) -> list[str]:
+    return ["reward", *(f"reward_{name}" for name in names), "reward_error"]
+
+
+def _reward_columns(results: list[RewardResult], names: list[str]) -> dict[str, list[Any]]:
+    columns: dict[str, list[Any]] = {"reward": [r.reward for r in results]}
+    for name in names:
+        columns[f"reward_{name}"] = [r.components.get(name) for r in results]
+    columns["reward_error"] = [r.error for r in results]
+    return columns
+
+
+def _write(path: str, records: list[dict[str, Any]], table: Any, columns: dict[str, list[Any]]) -> None:
+    """Write to a temporary name, then rename: a crash never leaves a half-written output that looks complete."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.partial")
+    if path.endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        base = table if table is not None else pa.Table.from_pylist(records)
+        for name, values in columns.items():
+            kind = pa.string() if name == "reward_error" else pa.float64()
+            base = base.append_column(name, pa.array(values, type=kind))
+        pq.write_table(base, temporary)
+    elif path.endswith((".jsonl", ".json")):
+        with open(temporary, "w", encoding="utf-8") as handle:
+            for index, record in enumerate(records):
+                out = dict(record)
+                out.update({name: values[index] for name, values in columns.items()})
+                handle.write(json.dumps(out, default=str) + "\n")
+    else:
+        raise ScoreInputError(f"{path}: the output must end in .jsonl or .parquet")
+    os.replace(temporary, path)
+
+
+def _summary(results: list[RewardResult], bad_rows: int) -> str:
+    scored = [r.reward for r in results if r.reward is not None]
+    mean = sum(scored) / len(scored) if scored else math.nan
+    unscored = len(results) - len(scored)
+    notes = sum(1 for r in results if r.reward is not None and r.error is not None)
+    return (f"scored {len(results)} rows: mean reward {mean:.4f} over {len(scored)} scored; "
+            f"{unscored} unscored (errors, {bad_rows} of them bad input rows); {notes} scored with a note")

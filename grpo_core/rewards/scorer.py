@@ -1,0 +1,180 @@
+"""Scoring completions: accuracy (and plugins) in a pool of worker processes, shaping rewards here, one weighted sum.
+
+What a ``RewardResult`` means:
+- ``reward`` is a float and ``error`` is None: scored normally.
+- ``reward`` is a float and ``error`` is set: scored, with a reason worth keeping. A verification that ran out of
+  time (math-verify stuck on hostile LaTeX, a worker killed at the hard limit) is a WRONG answer: accuracy 0.0, the
+  reason in ``error``. A program that failed its tests gets accuracy 0.0 and the sandbox's reason.
+- ``reward`` is None and ``error`` is set: the row could not be scored at all (a missing or unparseable gold answer,
+  malformed test cases, a plugin that raised or timed out, a worker that died on its own). The component(s) at fault
+  are None; the row keeps its place.
+A plugin may return None for a completion it does not apply to: that component is None, left out of the weighted
+sum, and is not an error (as in TRL). A row where no component applies gets reward None with an error.
+
+Time limits: each worker-side component of a row gets ``timeout_s`` (an alarm in the worker); a worker still busy
+with one row after ``timeout_s * components + grace`` is killed and replaced.
+
+``cosine`` and ``soft_overlong`` use lengths: token counts from ``completion_lengths`` when given (required for
+``soft_overlong``, together with ``max_new_tokens``), otherwise ``cosine`` falls back to characters, as open-r1 does.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_core.rewards import shaping
+from grpo_core.rewards.pool import FatalWorkerError, LostRow, RowOutput, WorkerPool
+from grpo_core.rewards.registry import RewardPlan, build_plan
+from grpo_core.rewards.worker import ACCURACY, ComponentOutcome, WorkerSpec
+
+HARD_LIMIT_GRACE_S = 2.0
+
+
+@dataclass
+class RewardResult:
+    reward: float | None                   # weighted sum; None when the row could not be scored
+    components: dict[str, float | None]    # one entry per configured reward name
+    error: str | None                      # why it could not be scored, or a note on a row scored as wrong
+
+
+class Scorer:
+    """Scores completions in a pool of worker processes (math-verify needs a main thread; a hostile or stuck
+    verification costs only its own time budget).
+
+    The pool starts in the constructor (about a second per worker) and serves every ``score`` call until ``close``.
+    The parent side uses no signals, so ``score`` may be called from any thread, but from one thread at a time.
+    """
+
+    def __init__(self, reward_type: str = "boxed", rewards: list[str] = ["accuracy"], weights: list[float] | None = None,
+                 num_workers: int = 2, timeout_s: float = 5.0, options: dict | None = None):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.plan: RewardPlan = build_plan(reward_type, list(rewards), weights, options)
+        self.timeout_s = timeout_s
+        self._pool: WorkerPool | None = None
+        worker_components = int(self.plan.needs_accuracy) + len(self.plan.plugins)
+        if worker_components:
+            spec = WorkerSpec(reward_type=reward_type, timeout_s=timeout_s,
+                              compute_accuracy=self.plan.needs_accuracy, plugins=dict(self.plan.plugins),
+                              answer_key=self.plan.answer_key, sandbox_limits=self.plan.sandbox_limits)
+            hard_limit = timeout_s * worker_components + max(HARD_LIMIT_GRACE_S, 0.5 * timeout_s)
+            try:
+                self._pool = WorkerPool(spec, num_workers, hard_timeout_s=hard_limit)
+            except FatalWorkerError as error:
+                raise _original_error(error) from error
+            self._finalizer = weakref.finalize(self, self._pool.close)
+
+    @property
+    def workers_replaced(self) -> int:
+        """How many workers were killed (stuck) or found dead and replaced since the scorer started."""
+        return self._pool.replaced if self._pool is not None else 0
+
+    def score(self, completions: list[str], rows: list[dict], *, completion_lengths: list[int] | None = None,
+              max_new_tokens: int | None = None) -> list[RewardResult]:
+        """One RewardResult per completion, in input order."""
+        self._check_inputs(completions, rows, completion_lengths, max_new_tokens)
+        if self._pool is not None:
+            try:
+                outputs = self._pool.run(list(zip(completions, rows)))
+            except FatalWorkerError as error:
+                raise _original_error(error) from error
+        else:
+            outputs = [{} for _ in completions]
+        return [self._combine(i, completion, outputs[i], completion_lengths, max_new_tokens)
+                for i, completion in enumerate(completions)]
+
+    def _check_inputs(self, completions: list[str], rows: list[dict], completion_lengths: list[int] | None,
+                      max_new_tokens: int | None) -> None:
+        if len(completions) != len(rows):
+            raise ValueError(f"{len(completions)} completions but {len(rows)} rows")
+        for index, completion in enumerate(completions):
+            if not isinstance(completion, str):
+                raise TypeError(f"completion {index} is {type(completion).__name__}, expected str")
+        if completion_lengths is not None and len(completion_lengths) != len(completions):
+            raise ValueError(f"{len(completion_lengths)} completion_lengths for {len(completions)} completions")
+        if "soft_overlong" in self.plan.names and (completion_lengths is None or max_new_tokens is None):
+            raise ValueError("the soft_overlong reward needs completion_lengths and max_new_tokens")
+
+    def _combine(self, index: int, completion: str, output: RowOutput, completion_lengths: list[int] | None,
+                 max_new_tokens: int | None) -> RewardResult:
+        outcomes = _outcomes_of(output, self.plan)
+        length = completion_lengths[index] if completion_lengths is not None else len(completion)
+        accuracy = outcomes.get(ACCURACY)
+        components: dict[str, float | None] = {}
+        messages: list[str] = []
+        failed = False
+        for name in self.plan.names:
+            outcome = outcomes.get(name)
+            if name == "format":
+                outcome = ComponentOutcome(shaping.format_reward(completion))
+            elif name == "repetition":
+                outcome = ComponentOutcome(shaping.repetition_penalty(completion, self.plan.repetition))
+            elif name == "soft_overlong":
+                outcome = ComponentOutcome(
+                    shaping.soft_overlong_penalty(length, max_new_tokens, self.plan.soft_overlong))  # type: ignore[arg-type]
+            elif name == "cosine":
+                outcome = _cosine_outcome(accuracy, length, self.plan.cosine)
+            if outcome is None:
+                outcome = ComponentOutcome(None, error=f"{name}: no result from the scorer worker")
+            components[name] = outcome.value
+            if outcome.error is not None:
+                failed = True
+                messages.append(outcome.error)
+            elif outcome.note is not None and name != "cosine":
+                messages.append(outcome.note)
+        if accuracy is not None and "accuracy" not in self.plan.names and accuracy.note and not failed:
+            messages.append(accuracy.note)  # cosine used accuracy: keep why it counted as wrong
+        for name, outcome in outcomes.items():  # errors from components not configured (a crash reported on accuracy)
+            if name not in self.plan.names and outcome.error is not None and outcome.error not in messages:
+                failed = True
+                messages.append(outcome.error)
+        error = "; ".join(dict.fromkeys(messages)) or None
+        if failed:
+            return RewardResult(None, components, error)
+        applicable = [(w, v) for w, v in zip(self.plan.weights, components.values()) if v is not None]
+        if not applicable:
+            return RewardResult(None, components, error or "no reward component applies to this completion")
+        return RewardResult(sum(w * v for w, v in applicable), components, error)
+
+    def close(self) -> None:
+        """Stop the worker processes. Safe to call twice."""
+        if self._pool is not None:
+            self._finalizer()
+            self._pool = None
+
+    def __enter__(self) -> Scorer:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def _outcomes_of(output: RowOutput, plan: RewardPlan) -> dict[str, ComponentOutcome]:
+    """Worker outcomes of one row; a lost row becomes accuracy 0.0 (timed out) or unscorable (worker died)."""
+    if not isinstance(output, LostRow):
+        return output
+    outcomes: dict[str, ComponentOutcome] = {}
+    if plan.needs_accuracy:
+        if output.timed_out:
+            outcomes[ACCURACY] = ComponentOutcome(0.0, note=f"accuracy: {output.reason}; counted as wrong")
+        else:
+            outcomes[ACCURACY] = ComponentOutcome(None, error=f"accuracy: {output.reason}")
+    for name in plan.plugins:
+        outcomes[name] = ComponentOutcome(None, error=f"plugin {name!r}: {output.reason}")
+    return outcomes
+
+
+def _cosine_outcome(accuracy: ComponentOutcome | None, length: int, params: shaping.CosineParams) -> ComponentOutcome:
+    if accuracy is None or accuracy.value is None:
+        return ComponentOutcome(None)  # accuracy's own error explains the row
+    return ComponentOutcome(shaping.cosine_reward(accuracy.value >= 1.0, length, params))
+
+
+def _original_error(error: FatalWorkerError) -> Exception:
+    """Re-create the worker's fatal error in this process (SandboxUnavailable stays SandboxUnavailable)."""
+    if error.error_type == "SandboxUnavailable":
+        from grpo_core.sandbox import SandboxUnavailable
+
+        return SandboxUnavailable(error.detail)
+    return error

@@ -1,0 +1,41 @@
+"""vLLM worker extension: receives new policy weights inside the vLLM worker.
+
+vLLM loads this class into its worker (``worker_extension_cls``) and we reach it with ``llm.collective_rpc``.
+On CPU, vLLM repacks linear weights for its GEMM kernels at load time, so a plain ``model.load_weights`` after the
+first load gives wrong outputs; ``reload_weights`` re-runs the loader's post-processing. Two more CPU-only details
+(measured, see STACK.md): the full state dict must be sent (a partial update of a fused qkv/gate_up layer corrupts
+it), and with tied embeddings the packed lm_head keeps the OLD embedding unless it is rebuilt.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+
+class WeightReceiver:
+    """Mixed into vLLM's worker class; ``self`` is the worker (it has ``model_runner`` and ``reload_weights``)."""
+
+    def grpo_load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        weights = list(named_tensors)
+        self.reload_weights(weights_iterator=iter(weights))
+        model = self.model_runner.get_model()
+        self._grpo_refresh_tied_lm_head(model)
+        return len(weights)
+
+    def grpo_load_weights_from_file(self, path: str) -> int:
+        from safetensors.torch import load_file
+
+        return self.grpo_load_weights(load_file(path).items())
+
+    @staticmethod
+    def _grpo_refresh_tied_lm_head(model: torch.nn.Module) -> None:
+        from vllm.platforms import current_platform
+
+        lm_head = getattr(model, "lm_head", None)
+        tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+        if lm_head is None or not tied or not current_platform.is_cpu():
+            return
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)

@@ -1,0 +1,24 @@
+"""Running untrusted Python code with no network, no host files and hard limits (nsjail).
+
+    sandbox = Sandbox(SandboxLimits(cpu_time_s=2))        # raises SandboxUnavailable if no jail can start
+    result = sandbox.run("print(input()[::-1])", stdin="abc\\n")
+    outcome = check_tests(program, inputs, outputs, sandbox=sandbox)
+
+Code scoring must refuse (not fall back to running unsandboxed) when SandboxUnavailable is raised.
+"""
+
+from grpo_core.sandbox.checking import TestOutcome, check_tests, normalize_output, outputs_match
+from grpo_core.sandbox.limits import SandboxLimits
+from grpo_core.sandbox.nsjail import SandboxUnavailable
+from grpo_core.sandbox.runner import RunResult, Sandbox
+
+__all__ = [
+    "RunResult",
+    "Sandbox",
+    "SandboxLimits",
+    "SandboxUnavailable",
+    "TestOutcome",
+    "check_tests",
+    "normalize_output",
+    "outputs_match",
+]

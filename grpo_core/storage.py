@@ -1,0 +1,456 @@
+"""The run folder on any fsspec URL: stage outputs, their manifests, config and metrics.
+
+Why: the run directory is the source of truth for resume (DESIGN.md, "Resume"). A stage is
+complete when its iteration's ``MANIFEST.json`` lists it, and nothing else counts. Object
+stores cannot rename atomically, so every write is "data first, manifest last":
+
+* on a local disk each file is written to a temporary name in the same folder, fsynced and
+  renamed into place, so no reader ever sees a half-written file under its final name;
+* on S3 a single PUT (or a completed multipart upload) is atomic per object.
+
+A write that fails part-way therefore leaves the previous manifest intact and the new file
+unlisted; a file that exists without a manifest entry (or with a different size or checksum)
+is treated as absent. Writers of one run are expected to be one process at a time (the flow):
+the manifest is read-modify-written without locking.
+
+Layout (``<root>/<run_name>/``)::
+
+    config.json            written once (a different config on resume is an error)
+    metrics.parquet        one row per iteration
+    iter-000042/<name>     stage outputs (parquet tables, json documents)
+    iter-000042/MANIFEST.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import posixpath
+import re
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+import fsspec
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
+
+MANIFEST = "MANIFEST.json"
+CONFIG = "config.json"
+METRICS = "metrics.parquet"
+ITERATION_KEY = "iteration"
+_ITER_DIR = re.compile(r"^iter-(\d{6,})$")
+
+
+@dataclass
+class ManifestEntry:
+    """One complete file of an iteration, as its manifest records it."""
+
+    name: str
+    rows: int | None
+    bytes: int
+    sha256: str
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        record = asdict(self)
+        del record["name"]
+        return record
+
+    @classmethod
+    def from_json(cls, name: str, record: dict) -> "ManifestEntry":
+        return cls(
+            name=name,
+            rows=record.get("rows"),
+            bytes=int(record["bytes"]),
+            sha256=str(record["sha256"]),
+            meta=dict(record.get("meta") or {}),
+        )
+
+
+class StageIncomplete(FileNotFoundError):
+    """A stage output is not complete: unlisted in its manifest, missing, or not what was recorded."""
+
+
+class ConfigConflict(ValueError):
+    """``write_config`` was given a config that differs from the one the run was started with."""
+
+
+class MetricsSchemaError(TypeError):
+    """A metrics row does not fit the types already stored in metrics.parquet."""
+
+
+class StorageError(OSError):
+    """A run-folder file exists but cannot be understood (e.g. a manifest that is not JSON)."""
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _check_rel_path(rel_path: str) -> str:
+    """A relative POSIX path inside the run folder (no absolute paths, no '..')."""
+    parts = rel_path.replace("\\", "/").split("/")
+    if not rel_path or rel_path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"invalid path inside a run folder: {rel_path!r}")
+    return "/".join(parts)
+
+
+def _file_name(name: str, suffix: str) -> str:
+    """The stored file name: ``name`` as given if it has a suffix, else ``name + suffix``."""
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise ValueError(f"invalid stage file name: {name!r}")
+    if name == MANIFEST:
+        raise ValueError(f"{MANIFEST} is reserved for the manifest itself")
+    return name if "." in name else name + suffix
+
+
+def _json_bytes(obj: Any, what: str) -> bytes:
+    try:
+        return json.dumps(obj, indent=2, sort_keys=True, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what}: not JSON-serializable: {exc}") from exc
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def _dict_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two JSON-like values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys: list[str] = []
+        for k in sorted(set(old) | set(new), key=str):
+            path = f"{prefix}.{k}" if prefix else str(k)
+            if k not in old or k not in new:
+                keys.append(path)
+            else:
+                keys.extend(_dict_diff(old[k], new[k], path))
+        return keys
+    return [] if old == new else [prefix or "<root>"]
+
+
+class RunStore:
+    """A run folder on any fsspec URL (local path by default, s3://bucket/prefix with options)."""
+
+    def __init__(self, root: str, run_name: str, storage_options: dict | None = None):
+        if not run_name or "/" in run_name or run_name in (".", ".."):
+            raise ValueError(f"invalid run name: {run_name!r}")
+        self._fs, root_path = fsspec.core.url_to_fs(str(root), **(storage_options or {}))
+        self._local = isinstance(self._fs, LocalFileSystem)
+        self._base = posixpath.join(root_path.rstrip("/"), run_name)
+        self.run_name = run_name
+
+    # ----------------------------------------------------------------- paths
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        return self._fs
+
+    @property
+    def uri(self) -> str:
+        """Full URL of the run folder (a plain absolute path for local runs)."""
+        return self._url(self._base)
+
+    def _url(self, path: str) -> str:
+        return path if self._local else self._fs.unstrip_protocol(path)
+
+    def _path(self, rel_path: str) -> str:
+        return posixpath.join(self._base, _check_rel_path(rel_path))
+
+    def _iter_rel(self, iteration: int) -> str:
+        if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+            raise ValueError(f"iteration must be a non-negative int, got {iteration!r}")
+        return f"iter-{iteration:06d}"
+
+    def iteration_dir(self, iteration: int) -> str:
+        """URL of an iteration's folder, e.g. ``.../iter-000042``."""
+        return self._url(self._path(self._iter_rel(iteration)))
+
+    # ------------------------------------------------------------ raw bytes
+    def _refresh(self, path: str) -> None:
+        """Forget cached listings (s3fs caches them) so other writers' files are seen."""
+        if not self._local:
+            self._fs.invalidate_cache(path)
+
+    def _write_atomic(self, path: str, data: bytes) -> None:
+        """Write ``data`` so that ``path`` holds either the old content or all of the new."""
+        if self._local:
+            parent = posixpath.dirname(path)
+            os.makedirs(parent, exist_ok=True)
+            # os.open with 0o666 (not mkstemp's 0o600) so the file gets the usual umask permissions.
+            tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+                raise
+        else:
+            self._fs.pipe_file(path, data)
+            self._refresh(posixpath.dirname(path))
+
+    def _read(self, path: str) -> bytes:
+        """Bytes of ``path``; FileNotFoundError if missing."""
+        self._refresh(posixpath.dirname(path))
+        return self._fs.cat_file(path)
+
+    def _size(self, path: str) -> int | None:
+        self._refresh(posixpath.dirname(path))
+        try:
+            return int(self._fs.size(path))
+        except FileNotFoundError:
+            return None
+
+    def put_bytes(self, rel_path: str, data: bytes) -> None:
+        """Write a file inside the run folder atomically (e.g. the curve PNG)."""
+        self._write_atomic(self._path(rel_path), bytes(data))
+
+    def get_bytes(self, rel_path: str) -> bytes:
+        path = self._path(rel_path)
+        try:
+            return self._read(path)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{self._url(path)} does not exist") from exc
+
+    def exists(self, rel_path: str) -> bool:
+        path = self._path(rel_path)
+        self._refresh(posixpath.dirname(path))
+        return bool(self._fs.exists(path))
+
+    # -------------------------------------------------------------- manifest
+    def _manifest_path(self, iteration: int) -> str:
+        return self._path(f"{self._iter_rel(iteration)}/{MANIFEST}")
+
+    def read_manifest(self, iteration: int) -> dict[str, ManifestEntry]:
+        """Entries of an iteration's manifest ({} when there is none yet)."""
+        path = self._manifest_path(iteration)
+        try:
+            raw = self._read(path)
+        except FileNotFoundError:
+            return {}
+        try:
+            doc = json.loads(raw)
+            return {name: ManifestEntry.from_json(name, rec) for name, rec in doc["files"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise StorageError(f"{self._url(path)}: unreadable manifest: {exc!r}") from exc
+
+    def _commit(self, iteration: int, entry: ManifestEntry) -> None:
+        entries = self.read_manifest(iteration)
+        entries[entry.name] = entry
+        doc = {
+            "files": {name: e.to_json() for name, e in sorted(entries.items())},
+            "updated": _utc_now(),
+        }
+        self._write_atomic(self._manifest_path(iteration), _json_bytes(doc, MANIFEST))
+
+    def _put(self, iteration: int, file_name: str, data: bytes, rows: int | None, meta: dict | None) -> ManifestEntry:
+        rel = f"{self._iter_rel(iteration)}/{file_name}"
+        meta = dict(meta or {})
+        _json_bytes(meta, f"meta for {self._url(self._path(rel))}")  # fail before writing anything
+        entry = ManifestEntry(name=file_name, rows=rows, bytes=len(data), sha256=_sha256(data), meta=meta)
+        self._write_atomic(self._path(rel), data)
+        self._commit(iteration, entry)
+        return entry
+
+    def put_table(self, iteration: int, name: str, table: pa.Table, meta: dict | None = None) -> ManifestEntry:
+        """Write a Parquet table, then list it in the iteration's manifest (the commit)."""
+        file_name = _file_name(name, ".parquet")
+        if not isinstance(table, pa.Table):
+            raise TypeError(f"put_table({file_name!r}) needs a pyarrow.Table, got {type(table).__name__}")
+        sink = io.BytesIO()
+        pq.write_table(table, sink)
+        return self._put(iteration, file_name, sink.getvalue(), table.num_rows, meta)
+
+    def put_json(self, iteration: int, name: str, obj: dict, meta: dict | None = None) -> ManifestEntry:
+        """Write a JSON document, then list it in the iteration's manifest (the commit)."""
+        file_name = _file_name(name, ".json")
+        rel = f"{self._iter_rel(iteration)}/{file_name}"
+        data = _json_bytes(obj, self._url(self._path(rel)))
+        return self._put(iteration, file_name, data, None, meta)
+
+    def _lookup(self, iteration: int, name: str, suffixes: Iterable[str]) -> tuple[str, ManifestEntry | None]:
+        entries = self.read_manifest(iteration)
+        if name in entries or "." in name:
+            return name, entries.get(name)
+        for suffix in suffixes:
+            if name + suffix in entries:
+                return name + suffix, entries[name + suffix]
+        return name, None
+
+    def entry(self, iteration: int, name: str) -> ManifestEntry | None:
+        """The manifest entry, or None unless it is listed AND the file exists with the recorded size."""
+        file_name, found = self._lookup(iteration, name, (".parquet", ".json"))
+        if found is None:
+            return None
+        size = self._size(self._path(f"{self._iter_rel(iteration)}/{file_name}"))
+        return found if size == found.bytes else None
+
+    def _get_complete(self, iteration: int, name: str, suffix: str) -> tuple[bytes, ManifestEntry]:
+        file_name, found = self._lookup(iteration, _file_name(name, suffix), ())
+        path = self._path(f"{self._iter_rel(iteration)}/{file_name}")
+        url = self._url(path)
+        if found is None:
+            raise StageIncomplete(f"{url}: not listed in {self.iteration_dir(iteration)}/{MANIFEST}")
+        try:
+            data = self._read(path)
+        except FileNotFoundError as exc:
+            raise StageIncomplete(f"{url}: listed in the manifest but missing") from exc
+        if len(data) != found.bytes or _sha256(data) != found.sha256:
+            raise StageIncomplete(
+                f"{url}: content differs from the manifest "
+                f"({len(data)} bytes vs {found.bytes} recorded, or checksum mismatch)"
+            )
+        return data, found
+
+    def get_table(self, iteration: int, name: str) -> pa.Table:
+        """The table if complete; StageIncomplete (naming the file) otherwise."""
+        data, _ = self._get_complete(iteration, name, ".parquet")
+        return pq.read_table(pa.BufferReader(data))
+
+    def get_json(self, iteration: int, name: str) -> dict:
+        """The JSON document if complete; StageIncomplete (naming the file) otherwise."""
+        data, _ = self._get_complete(iteration, name, ".json")
+        return json.loads(data)
+
+    def list_complete_iterations(self, required: Iterable[str] = ()) -> list[int]:
+        """Iterations whose manifest lists at least one file, every listed file intact (by size),
+        and every name in ``required`` (e.g. ``("scored.parquet", "train.json")``; a name without
+        a suffix matches ``.parquet`` or ``.json``). One recursive listing plus one manifest read
+        per iteration, so resuming a long run on S3 stays cheap."""
+        self._refresh(self._base)
+        try:
+            listing = self._fs.find(self._base, detail=True)
+        except FileNotFoundError:
+            return []
+        sizes = {posixpath.normpath(p): info.get("size") for p, info in listing.items()}
+        iterations = sorted(
+            {
+                int(m.group(1))
+                for p in sizes
+                if (m := _ITER_DIR.match(posixpath.basename(posixpath.dirname(p))))
+                and posixpath.basename(p) == MANIFEST
+                and posixpath.dirname(posixpath.dirname(p)) == posixpath.normpath(self._base)
+            }
+        )
+        required = tuple(required)
+        done: list[int] = []
+        for iteration in iterations:
+            entries = self.read_manifest(iteration)
+            if not entries:
+                continue
+            if any(not ({r, r + ".parquet", r + ".json"} & entries.keys()) for r in required):
+                continue
+            folder = posixpath.normpath(self._path(self._iter_rel(iteration)))
+            if all(sizes.get(posixpath.join(folder, n)) == e.bytes for n, e in entries.items()):
+                done.append(iteration)
+        return done
+
+    # ---------------------------------------------------------------- config
+    def read_config(self) -> dict | None:
+        path = self._path(CONFIG)
+        try:
+            raw = self._read(path)
+        except FileNotFoundError:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise StorageError(f"{self._url(path)}: not valid JSON: {exc}") from exc
+
+    def write_config(self, config: dict) -> None:
+        """Write config.json once; on resume the same config is a no-op, a different one raises."""
+        path = self._path(CONFIG)
+        data = _json_bytes(config, self._url(path))
+        normalized = json.loads(data)
+        existing = self.read_config()
+        if existing is None:
+            self._write_atomic(path, data)
+            return
+        differing = _dict_diff(existing, normalized)
+        if differing:
+            raise ConfigConflict(
+                f"{self._url(path)} already holds a different config; differing keys: {', '.join(differing)}"
+            )
+
+    # --------------------------------------------------------------- metrics
+    def read_metrics(self) -> pa.Table:
+        """All metrics rows sorted by iteration (an empty table with only ``iteration`` if none)."""
+        path = self._path(METRICS)
+        try:
+            raw = self._read(path)
+        except FileNotFoundError:
+            return pa.table({ITERATION_KEY: pa.array([], pa.int64())})
+        try:
+            table = pq.read_table(pa.BufferReader(raw))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise StorageError(f"{self._url(path)}: unreadable parquet: {exc}") from exc
+        return table.sort_by(ITERATION_KEY)
+
+    def append_metrics(self, row: dict) -> None:
+        """Add one iteration's metrics; a row for an existing iteration replaces it.
+
+        Columns may appear over time (older rows get nulls). Types stay stable: an integer
+        column becomes float when a float arrives, a null-only column takes the first real
+        type, anything else that does not fit raises MetricsSchemaError naming the column.
+        """
+        url = self._url(self._path(METRICS))
+        iteration = row.get(ITERATION_KEY)
+        if isinstance(iteration, bool) or not isinstance(iteration, int):
+            raise ValueError(f"{url}: metrics row needs an int 'iteration', got {iteration!r}")
+        try:
+            new = pa.Table.from_pylist([row])
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise MetricsSchemaError(f"{url}: metrics row not representable in Arrow: {exc}") from exc
+        new = new.set_column(
+            new.schema.get_field_index(ITERATION_KEY), ITERATION_KEY, pa.array([iteration], pa.int64())
+        )
+        old = self.read_metrics()
+        old = old.filter(pc.not_equal(old[ITERATION_KEY], pa.scalar(iteration, pa.int64())))
+        for name in new.column_names:
+            if name not in old.column_names:
+                continue
+            want, got = old.schema.field(name).type, new.schema.field(name).type
+            if want == got or pa.types.is_null(got) or pa.types.is_null(want):
+                continue
+            if _is_number(want) and _is_number(got):
+                continue  # permissive promotion below widens (int -> float, float32 -> float64)
+            raise MetricsSchemaError(
+                f"{url}: column {name!r} holds {want}, row {iteration} gives {got} ({row[name]!r})"
+            )
+        try:
+            merged = pa.concat_tables([old, new], promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise MetricsSchemaError(f"{url}: row {iteration} does not fit the stored columns: {exc}") from exc
+        merged = merged.sort_by(ITERATION_KEY)
+        sink = io.BytesIO()
+        pq.write_table(merged, sink)
+        self._write_atomic(self._path(METRICS), sink.getvalue())
+
+    def __repr__(self) -> str:
+        return f"RunStore({self.uri!r})"
+
+
+__all__ = [
+    "ConfigConflict",
+    "ManifestEntry",
+    "MetricsSchemaError",
+    "RunStore",
+    "StageIncomplete",
+    "StorageError",
+]

@@ -1,0 +1,218 @@
+"""The DeepSpeed learner: logprobs, the policy-gradient step, and the weights handed to the sampler.
+
+One engine lives for the whole run (model load and DeepSpeed init are expensive). A step consumes one scored batch:
+old logprobs once, then ``ppo_epochs`` passes of mini-batches, each mini-batch an optimizer step accumulated over
+micro-batches. Micro-batch losses are normalised by the mini-batch's denominator, so their sum is exactly the
+mini-batch loss whatever the micro-batch size (DeepSpeed's own 1/GAS scaling is turned off).
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from grpo_core.algo import (
+    aggregate_loss, entropy_from_logits, kl_penalty, loss_denominator, policy_loss, truncated_is_weights,
+)
+from grpo_core.config import AlgoConfig, TrainConfig
+from grpo_core.train.batch import TokenBatch, token_logprobs
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    model_path: str
+    dtype: str = "float32"
+    seed: int = 0
+    total_steps: int = 1          # optimizer steps in the run, for the lr schedule
+    temperature: float = 1.0      # the sampling temperature: logits are divided by it, as the sampler did
+    max_new_tokens: int = 256
+
+
+def _lr_lambda(train: TrainConfig, total_steps: int):
+    def factor(step: int) -> float:
+        if train.warmup_steps and step < train.warmup_steps:
+            return (step + 1) / train.warmup_steps
+        if train.lr_schedule == "constant":
+            return 1.0
+        span = max(1, total_steps - train.warmup_steps)
+        progress = min(1.0, (step - train.warmup_steps) / span)
+        if train.lr_schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return factor
+
+
+def ensure_process_group() -> None:
+    """DeepSpeed needs torch.distributed. In-process vLLM may already have created a world-of-one group (reuse it);
+    otherwise make one through a file rendezvous, which opens no network socket."""
+    import torch.distributed as dist
+
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)
+    if dist.is_initialized():
+        return
+    rendezvous = os.path.join(tempfile.mkdtemp(prefix="grpo-dist-"), "init")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=0, world_size=1)
+
+
+class Learner:
+    def __init__(self, spec: LearnerSpec, algo: AlgoConfig, train: TrainConfig, micro_batch_size: int,
+                 grad_accum_steps: int):
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        started = time.perf_counter()
+        torch.manual_seed(spec.seed)
+        self.spec, self.algo, self.train_cfg = spec, algo, train
+        dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
+        model.config.use_cache = False
+        self.tied_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=train.betas,
+                                      weight_decay=train.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(train, spec.total_steps))
+        ds_config = {
+            "train_micro_batch_size_per_gpu": micro_batch_size,
+            "gradient_accumulation_steps": grad_accum_steps,
+            "gradient_clipping": train.grad_clip or 0.0,
+            "zero_optimization": {"stage": train.zero_stage},
+            "bf16": {"enabled": dtype == torch.bfloat16},
+            "steps_per_print": 2**31 - 1,
+            "wall_clock_breakdown": False,
+        }
+        ensure_process_group()
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+        self.device = self.engine.device
+        self.ref_model = None
+        if algo.kl_coeff > 0:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype).to(self.device)
+            self.ref_model.eval().requires_grad_(False)
+        self.micro_batch_size = micro_batch_size
+        self.grad_accum_steps = grad_accum_steps
+        self.version = 0  # the number of optimizer steps taken: the policy version
+        self.init_seconds = time.perf_counter() - started
+
+    # ----------------------------------------------------------------------------------------------- logprobs
+    def _forward_logprobs(self, model, mb: TokenBatch, with_entropy: bool = False):
+        out = model(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
+        logp = token_logprobs(out.logits, mb.input_ids.to(self.device), self.spec.temperature)
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = entropy_from_logits(out.logits[:, :-1].float() / self.spec.temperature)
+        return logp, entropy
+
+    @torch.no_grad()
+    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """[B, L-1] logprobs of the current policy, in micro-batches, no grad."""
+        self.engine.eval()
+        parts = [self._forward_logprobs(self.engine, batch.select(slice(i, i + self.micro_batch_size)))[0].cpu()
+                 for i in range(0, len(batch), self.micro_batch_size)]
+        self.engine.train()
+        return _cat_padded(parts)
+
+    @torch.no_grad()
+    def _ref_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        parts = [self._forward_logprobs(self.ref_model, batch.select(slice(i, i + self.micro_batch_size)))[0].cpu()
+                 for i in range(0, len(batch), self.micro_batch_size)]
+        return _cat_padded(parts)
+
+    # ------------------------------------------------------------------------------------------------- step
+    def train_step(self, batch: TokenBatch) -> dict[str, float]:
+        """One scored batch -> ``ppo_epochs x (B / mini_batch)`` optimizer steps. Returns step metrics."""
+        started = time.perf_counter()
+        n = len(batch)
+        mini = self.micro_batch_size * self.grad_accum_steps
+        if n % mini:
+            raise ValueError(f"batch of {n} rows is not a multiple of the mini-batch ({mini})")
+        n_minis = n // mini
+        on_policy = self.train_cfg.ppo_epochs == 1 and n_minis == 1
+        # Old logprobs once per batch; when the batch makes a single optimizer step they equal the current
+        # logprobs, so the extra forward pass is skipped (ratio = 1 exactly, as in verl).
+        old_logp = None if on_policy else self.logprobs(batch)
+        ref_logp = self._ref_logprobs(batch) if self.ref_model is not None else None
+        agg = self.algo.loss_agg_mode
+        norm_length = self.algo.loss_norm_length or self.spec.max_new_tokens
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+
+        def record(metrics: dict[str, float]) -> None:
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+                counts[k] = counts.get(k, 0) + 1
+
+        grad_norms = []
+        for _epoch in range(self.train_cfg.ppo_epochs):
+            for m in range(n_minis):
+                mini_idx = slice(m * mini, (m + 1) * mini)
+                mini_batch = batch.select(mini_idx)
+                denom = max(1.0, loss_denominator(mini_batch.loss_mask, agg))
+                for start in range(0, mini, self.micro_batch_size):
+                    idx = slice(start, start + self.micro_batch_size)
+                    mb = mini_batch.select(idx)
+                    mask = mb.loss_mask.to(self.device)
+                    logp, entropy = self._forward_logprobs(self.engine, mb, with_entropy=True)
+                    width = logp.shape[1]
+                    mb_old = logp.detach() if old_logp is None else \
+                        old_logp[mini_idx][idx][:, :width].to(self.device)
+                    is_weights = None
+                    if self.algo.tis_cap is not None:
+                        is_weights, tis_metrics = truncated_is_weights(
+                            mb_old, mb.sampler_logprobs[:, :width].to(self.device), mask, cap=self.algo.tis_cap)
+                        record(tis_metrics)
+                    loss, metrics = policy_loss(
+                        logp, mb_old, mb.advantages.to(self.device), mask,
+                        clip_eps_low=self.algo.clip_eps_low, clip_eps_high=self.algo.clip_eps_high,
+                        ratio_level=self.algo.ratio_level, dual_clip=self.algo.dual_clip,
+                        skip_threshold=self.algo.skip_threshold, agg_mode=agg, norm_length=norm_length,
+                        is_weights=is_weights, global_denominator=denom)
+                    record({f"pg_{k}" if k in ("loss",) else k: v for k, v in metrics.items()})
+                    if ref_logp is not None and not self.algo.kl_in_reward:
+                        kl, kl_metrics = kl_penalty(logp, ref_logp[mini_idx][idx][:, :width].to(self.device),
+                                                    estimator=self.algo.kl_estimator)
+                        loss = loss + self.algo.kl_coeff * aggregate_loss(
+                            kl, mask, agg, norm_length=norm_length, global_denominator=denom)
+                        record({"kl_ref": float((kl * mask).sum() / mask.sum().clamp(min=1))})
+                    if self.algo.entropy_coeff > 0:
+                        raise NotImplementedError("entropy bonus needs entropy with grad; set algo.entropy_coeff=0")
+                    tokens = mask.sum().clamp(min=1)
+                    record({"entropy": float((entropy * mask).sum() / tokens)})
+                    self.engine.backward(loss, scale_wrt_gas=False)
+                    self.engine.step()
+                    record({"loss": float(loss.detach())})
+                grad_norm = self.engine.get_global_grad_norm()
+                if grad_norm is not None:
+                    grad_norms.append(float(grad_norm))
+                self.version += 1
+        out = {k: sums[k] / counts[k] for k in sums}
+        out["loss"] = sums.get("loss", 0.0) / max(1, self.train_cfg.ppo_epochs * n_minis)  # sum over micros
+        out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        out["lr"] = float(self.scheduler.get_last_lr()[0])
+        out["optimizer_steps"] = float(self.train_cfg.ppo_epochs * n_minis)
+        out["tokens"] = float(batch.loss_mask.sum())
+        out["seconds"] = time.perf_counter() - started
+        return out
+
+    # ---------------------------------------------------------------------------------------------- weights
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full state dict in HF names (what vLLM's loader expects). Tied lm_head is left out: vLLM ties it."""
+        module = self.engine.module
+        for name, tensor in module.state_dict().items():
+            if self.tied_embeddings and name == "lm_head.weight":
+                continue
+            yield name, tensor.detach()
+
+    def save_pretrained(self, path: str) -> None:
+        self.engine.module.save_pretrained(path, safe_serialization=True)
+
+
+def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
+    width = max(p.shape[1] for p in parts)
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])

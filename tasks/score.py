@@ -1,0 +1,73 @@
+"""Score tasks: rewards (in the scorer's processes), advantages and the kept mask.
+
+Without dynamic sampling, ``rollouts.parquet`` becomes ``scored.parquet``, the training batch. With dynamic sampling
+(DAPO) every round is scored on its own (``rollouts-rK`` -> ``scored-rK``) and ``assemble`` builds the training batch
+from exactly ``prompts_per_iteration`` groups, kept ones first. If the rounds run out before the batch is full, it is
+completed with dropped groups whose rows stay in the file with ``kept = False`` (no loss): nothing is dropped
+silently and the learner always sees the configured batch size.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pyarrow as pa
+from prefect import task
+from prefect.cache_policies import NONE
+
+from grpo_core.algo import group_filter
+from grpo_core.pipeline.scoring import add_advantages, group_success, score_table, with_rewards
+from tasks.context import RunContext
+
+
+def scored_name(rollout_name: str) -> str:
+    return rollout_name.replace("rollouts", "scored", 1)
+
+
+@task(name="score", cache_policy=NONE)
+def score(ctx: RunContext, iteration: int, rollout_name: str) -> dict[str, Any]:
+    """rollouts*.parquet -> scored*.parquet (reused when complete for the same rollout file)."""
+    out_name = scored_name(rollout_name)
+    source = ctx.store.entry(iteration, rollout_name)
+    done = ctx.store.entry(iteration, out_name)
+    if done is not None and source is not None and done.meta.get("source_sha256") == source.sha256:
+        return {"name": out_name, "rows": done.rows, "reused": True, **done.meta["metrics"]}
+    started = time.perf_counter()
+    table = ctx.store.get_table(iteration, rollout_name)
+    results, metrics = score_table(table, ctx.scorer, ctx.cfg.rollout.max_new_tokens)
+    scored, adv_metrics = add_advantages(with_rewards(table, results), ctx.cfg)
+    metrics.update(adv_metrics)
+    metrics["score_seconds"] = time.perf_counter() - started
+    entry = ctx.store.put_table(iteration, out_name, scored,
+                                meta={"source_sha256": source.sha256 if source else None, "metrics": metrics})
+    return {"name": out_name, "rows": entry.rows, "reused": False, **metrics}
+
+
+@task(name="assemble-batch", cache_policy=NONE)
+def assemble(ctx: RunContext, iteration: int, scored_names: list[str]) -> dict[str, Any]:
+    cfg = ctx.cfg
+    tables = [ctx.store.get_table(iteration, n) for n in scored_names]
+    batch, metrics = assemble_groups(tables, cfg.rollout.samples_per_prompt, cfg.rollout.prompts_per_iteration,
+                                     cfg.algo.filter_range)
+    entry = ctx.store.put_table(iteration, "scored.parquet", batch, meta={"sources": scored_names,
+                                                                          "metrics": metrics})
+    return {"name": "scored.parquet", "rows": entry.rows, **metrics}
+
+
+def assemble_groups(tables: list[pa.Table], group_size: int, target_groups: int,
+                    filter_range: tuple[float, float]) -> tuple[pa.Table, dict[str, float]]:
+    kept, dropped = [], []
+    for table in tables:
+        keep, _ = group_filter(group_success(table, group_size), filter_range)
+        for gi, k in enumerate(keep.tolist()):
+            (kept if k else dropped).append(table.slice(gi * group_size, group_size))
+    chosen = kept[:target_groups]
+    filler = [_mask_out(t) for t in dropped[: target_groups - len(chosen)]]
+    metrics = {"groups_kept": float(len(chosen)), "groups_masked": float(len(filler)),
+               "filtered_group_frac": 1.0 - len(kept) / max(1, len(kept) + len(dropped))}
+    return pa.concat_tables(chosen + filler), metrics
+
+
+def _mask_out(group: pa.Table) -> pa.Table:
+    idx = group.column_names.index("kept")
+    return group.set_column(idx, "kept", pa.array([False] * group.num_rows, pa.bool_()))
