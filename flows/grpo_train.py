@@ -130,9 +130,10 @@ def _run_iterations(ctx: RunContext, started: float) -> dict[str, Any]:
             t2 = time.perf_counter()
             tr = train(ctx, it)
             t3 = time.perf_counter()
-            sy = sync(ctx)
+            sy = sync(ctx, check=(it, rollouts[0]["name"]))
             t4 = time.perf_counter()
-            inside = sum(r["seconds"] for r in rollouts if not r.get("reused")) + tr["seconds"] + sy["seconds"]
+            inside = sum(r["seconds"] for r in rollouts if not r.get("reused")) + tr["seconds"] + sy["seconds"] + \
+                sy.get("check_seconds", 0.0)
             row.update({
                 "policy_version": rollouts[0]["policy_version"],
                 "reward_mean": sc["reward_mean"],
@@ -143,7 +144,9 @@ def _run_iterations(ctx: RunContext, started: float) -> dict[str, Any]:
                 "truncated_frac": rollouts[0]["truncated_frac"],
                 "kept_frac": sc.get("kept_frac"), "rollout_rounds": len(rollouts),
                 "time_rollout_s": t2 - t1 - _score_seconds(sc), "time_score_s": _score_seconds(sc),
-                "time_train_s": t3 - t2, "time_sync_s": t4 - t3, "time_iteration_s": t4 - t0,
+                "sync_logprob_max_diff": sy.get("sync_logprob_max_diff"),
+                "time_train_s": t3 - t2, "time_sync_s": t4 - t3 - sy.get("check_seconds", 0.0),
+                "time_sync_check_s": sy.get("check_seconds"), "time_iteration_s": t4 - t0,
                 "time_overhead_s": (t4 - t1) - inside - _score_seconds(sc),
             })
             store.append_metrics(row)
@@ -156,13 +159,15 @@ def _run_iterations(ctx: RunContext, started: float) -> dict[str, Any]:
                           "policy_version": last_eval["policy_version"]})
             store.append_metrics(final)
             progress.update(final)
+    saved = call(ctx.worker.save_final)
     metrics = store.read_metrics()
     store.put_bytes("curves.png", plot_curves(metrics))
     lines = summary_lines(metrics)
+    lines.append(f"final policy (version {saved['policy_version']}) saved to {saved['folder']}")
     lines.append(f"total wall time {time.perf_counter() - started:.1f}s; run folder {store.uri}")
     for line in lines:
         print(line)
-    return {"run": store.uri, "iterations": cfg.iterations,
+    return {"run": store.uri, "iterations": cfg.iterations, "final_folder": saved["folder"],
             "final_eval_accuracy": last_eval["accuracy"] if last_eval else None, "summary": lines}
 
 

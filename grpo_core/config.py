@@ -148,6 +148,14 @@ class ClusterConfig(_Section):
     ray_address: str | None = Field(default=None, description="None: start a local Ray on 127.0.0.1")
 
 
+class WeightsConfig(_Section):
+    transport: Literal["in_process"] = Field(
+        default="in_process", description="how new weights reach the sampler (colocated: in-process copy)")
+    check_samples: int = Field(
+        default=4, ge=0, description="after each sync, compare sampler and learner logprobs on this many rollout "
+                                     "sequences (metric sync_logprob_max_diff); 0: off")
+
+
 class StorageConfig(_Section):
     root: str = Field(default="runs", description="local folder or s3://bucket/prefix")
     options: dict[str, Any] = Field(default_factory=dict, description="fsspec options, e.g. client_kwargs")
@@ -165,6 +173,7 @@ class GRPOConfig(_Section):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
 
     @property
@@ -186,12 +195,15 @@ class GRPOConfig(_Section):
             raise ValueError(
                 f"train.micro_batch_size={self.train.micro_batch_size} must divide the mini-batch "
                 f"({mini} sequences)")
-        if self.algo.advantage_estimator != "dr_grpo" and self.rollout.samples_per_prompt < 2:
+        if self.rollout.samples_per_prompt < 2:
             raise ValueError("rollout.samples_per_prompt must be >= 2: group-relative advantages need a group")
         if self.algo.soft_overlong and self.algo.soft_overlong_cache_length >= self.rollout.max_new_tokens:
             raise ValueError(
                 f"algo.soft_overlong_cache_length={self.algo.soft_overlong_cache_length} must be smaller than "
                 f"rollout.max_new_tokens={self.rollout.max_new_tokens}")
+        if self.algo.filter_groups and "accuracy" not in self.reward.rewards:
+            raise ValueError("algo.filter_groups (dynamic sampling) filters groups on their accuracy: "
+                             "reward.rewards must include 'accuracy'")
         if self.cluster.placement != "colocate":
             raise ValueError(
                 f"cluster.placement={self.cluster.placement!r} is not implemented yet; use 'colocate'")

@@ -129,14 +129,66 @@ class PolicyWorker:
         data = cols.to_pydict()
         batch = pack_batch(data["prompt_token_ids"], data["response_token_ids"], data["sampler_logprobs"],
                            data["advantage"], data["kept"], self.pad_id)
+        extra: dict[str, float] = {}
+        if self.cfg.algo.kl_in_reward:
+            batch.advantages, extra = self._kl_shaped_advantages(batch, table.column("shaped_reward").to_pylist())
         metrics = self.learner.train_step(batch)
+        metrics.update(extra)
         metrics["policy_version"] = self.learner.version
         self.store.put_json(iteration, "train.json", metrics, meta={"policy_version": self.learner.version})
         return metrics
 
+    def _kl_shaped_advantages(self, batch, rewards: list[float]) -> tuple[torch.Tensor, dict[str, float]]:
+        """KL in the reward: r - kl_coeff * KL(policy || ref) summed over the response, then advantages again."""
+        from grpo_core.algo import apply_kl_to_reward, compute_advantages
+
+        algo, g = self.cfg.algo, self.cfg.rollout.samples_per_prompt
+        old, ref = self.learner.logprobs(batch), self.learner.ref_logprobs(batch)
+        shaped, metrics = apply_kl_to_reward(torch.tensor(rewards, dtype=torch.float64), old.double(), ref.double(),
+                                             batch.loss_mask, algo.kl_coeff, algo.kl_estimator)
+        advantages, m = compute_advantages(shaped.view(-1, g), algo.advantage_estimator, algo.advantage_scale)
+        metrics.update({f"kl_reward_{k}": v for k, v in m.items()})
+        return advantages.reshape(-1).float(), metrics
+
     def sync(self) -> dict[str, float]:
         """Push the learner's weights into the sampler (in-process)."""
         return push_in_process(self.learner, self.sampler)
+
+    def check_sync(self, iteration: int, name: str, rows: int) -> dict[str, float]:
+        """Max |sampler logprob - learner logprob| on the first ``rows`` sequences of a rollout file, right after a
+        sync. Non-zero beyond float noise means the sampler serves other weights than the learner trains (a broken
+        weight reload, e.g. a stale tied lm_head on CPU)."""
+        table = self.store.get_table(iteration, name).slice(0, rows)
+        prompts = table.column("prompt_token_ids").to_pylist()
+        seqs = [p + r for p, r in zip(prompts, table.column("response_token_ids").to_pylist())]
+        lens = [len(p) for p in prompts]
+        diffs = [abs(a - b) for sa, la in zip(self.sampler_logprobs(seqs, lens), self.learner_logprobs(seqs, lens))
+                 for a, b in zip(sa, la)]
+        return {"sync_logprob_max_diff": max(diffs, default=0.0), "sync_checked_tokens": float(len(diffs))}
+
+    def save_final(self, folder: str = "final") -> dict[str, Any]:
+        """The trained policy in HF format (weights + tokenizer) under ``<run>/<folder>/``, manifest last."""
+        import json
+        import os
+        import shutil
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="grpo-final-") as tmp:
+            self.learner.save_pretrained(tmp)
+            for extra in os.listdir(self.cfg.model.path):  # tokenizer and chat template travel with the weights
+                src = os.path.join(self.cfg.model.path, extra)
+                if os.path.isfile(src) and not os.path.exists(os.path.join(tmp, extra)) and \
+                        not extra.endswith((".safetensors", ".bin")):
+                    shutil.copy(src, tmp)
+            files = {}
+            for fname in sorted(os.listdir(tmp)):
+                with open(os.path.join(tmp, fname), "rb") as fh:
+                    data = fh.read()
+                self.store.put_bytes(f"{folder}/{fname}", data)
+                files[fname] = len(data)
+        manifest = {"files": files, "policy_version": self.learner.version}
+        self.store.put_bytes(f"{folder}/MANIFEST.json", json.dumps(manifest, indent=1).encode())
+        return {"folder": f"{self.store.uri}/{folder}", **manifest}
 
     # ----------------------------------------------------------------------------------------------- checks
     def sampler_logprobs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:

@@ -1,6 +1,7 @@
 """Sync task: push the learner's weights to the sampler, and the version check that triggers it."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import task
@@ -11,8 +12,15 @@ from tasks.context import RunContext
 
 
 @task(name="sync", cache_policy=NONE)
-def sync(ctx: RunContext) -> dict[str, Any]:
-    return call(ctx.worker.sync)
+def sync(ctx: RunContext, check: tuple[int, str] | None = None) -> dict[str, Any]:
+    """Push weights; with ``check=(iteration, rollout file)`` also measure sampler/learner logprob agreement."""
+    out = call(ctx.worker.sync)
+    rows = ctx.cfg.weights.check_samples
+    if check is not None and rows > 0:
+        started = time.perf_counter()
+        out.update(call(ctx.worker.check_sync, check[0], check[1], rows))
+        out["check_seconds"] = time.perf_counter() - started
+    return out
 
 
 def ensure_synced(ctx: RunContext, expected_learner_version: int) -> dict[str, Any] | None:

@@ -29,3 +29,54 @@ def s3_server(tmp_path_factory):
         }
     finally:
         server.stop()
+
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """The built-in demo policy, built once per session exactly as `grpo model tiny` builds it.
+
+    GRPO_TEST_TINY_MODEL=DIR reuses a model built earlier with `grpo model tiny --out DIR` (local iteration only;
+    CI builds it fresh)."""
+    import os
+
+    from grpo_core.model.tiny import build_tiny
+
+    if os.environ.get("GRPO_TEST_TINY_MODEL"):
+        return os.environ["GRPO_TEST_TINY_MODEL"]
+    out = tmp_path_factory.mktemp("tiny-model")
+    build_tiny(out, train_path=REPO / "data/arith/train.jsonl", log=lambda _msg: None)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A throwaway Prefect API (own SQLite database) for flow tests."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+def tiny_config(model_path: str, storage_root: str, **overrides) -> dict:
+    """A small, fast training config on the built-in task (a dict for `grpo_train(config=...)`)."""
+    tree = {
+        "run_name": "test", "seed": 0, "iterations": 2,
+        "model": {"path": model_path},
+        "data": {"train_path": str(REPO / "data/arith/train.jsonl"), "eval_path": str(REPO / "data/arith/eval.jsonl"),
+                 "max_prompt_tokens": 96},
+        "rollout": {"prompts_per_iteration": 8, "samples_per_prompt": 4, "max_new_tokens": 16},
+        "eval": {"interval": 1, "max_prompts": 16},
+        "reward": {"num_workers": 1},
+        "train": {"lr": 1e-4, "micro_batch_size": 16},
+        "storage": {"root": storage_root},
+    }
+    for dotted, value in overrides.items():
+        node = tree
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return tree

@@ -27,6 +27,7 @@ ROLLOUT_SCHEMA = pa.schema(ROLLOUT_FIELDS)
 SCORE_FIELDS = [
     pa.field("reward", pa.float64(), nullable=True),         # null when the row could not be scored
     pa.field("reward_error", pa.string(), nullable=True),
+    pa.field("shaped_reward", pa.float64(), nullable=False),  # what advantages were computed from (see scoring)
     pa.field("advantage", pa.float32(), nullable=False),
     pa.field("kept", pa.bool_(), nullable=False),             # counts in the loss (not filtered)
 ]

@@ -86,7 +86,8 @@ def add_advantages(table: pa.Table, cfg: GRPOConfig) -> tuple[pa.Table, dict[str
     if success is not None:
         _, m = group_filter(success, algo.filter_range)
         metrics.update(m)
-    out = table.append_column("advantage", pa.array(advantages.reshape(-1).float().tolist(), pa.float32()))
+    out = table.append_column("shaped_reward", pa.array(rewards.reshape(-1).tolist(), pa.float64()))
+    out = out.append_column("advantage", pa.array(advantages.reshape(-1).float().tolist(), pa.float32()))
     out = out.append_column("kept", pa.array(kept.tolist(), pa.bool_()))
     metrics["kept_frac"] = float(kept.float().mean())
     return out, metrics

@@ -100,14 +100,17 @@ class Learner:
         self.init_seconds = time.perf_counter() - started
 
     # ----------------------------------------------------------------------------------------------- logprobs
-    def _forward_logprobs(self, model, mb: TokenBatch, with_entropy: bool = False):
+    def _forward_logprobs(self, model, mb: TokenBatch, entropy: str = "none"):
+        """-> (logprobs [B, L-1], entropy [B, L-1] or None). entropy: "none", "metric" (no grad) or "loss"."""
         out = model(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
         logp = token_logprobs(out.logits, mb.input_ids.to(self.device), self.spec.temperature)
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                entropy = entropy_from_logits(out.logits[:, :-1].float() / self.spec.temperature)
-        return logp, entropy
+        if entropy == "none":
+            return logp, None
+        scaled = out.logits[:, :-1].float() / self.spec.temperature
+        if entropy == "loss":
+            return logp, entropy_from_logits(scaled)
+        with torch.no_grad():
+            return logp, entropy_from_logits(scaled)
 
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
@@ -119,7 +122,10 @@ class Learner:
         return _cat_padded(parts)
 
     @torch.no_grad()
-    def _ref_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+    def ref_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """[B, L-1] logprobs of the frozen reference model (exists only when algo.kl_coeff > 0)."""
+        if self.ref_model is None:
+            raise RuntimeError("no reference model: it is loaded only when algo.kl_coeff > 0")
         parts = [self._forward_logprobs(self.ref_model, batch.select(slice(i, i + self.micro_batch_size)))[0].cpu()
                  for i in range(0, len(batch), self.micro_batch_size)]
         return _cat_padded(parts)
@@ -137,7 +143,7 @@ class Learner:
         # Old logprobs once per batch; when the batch makes a single optimizer step they equal the current
         # logprobs, so the extra forward pass is skipped (ratio = 1 exactly, as in verl).
         old_logp = None if on_policy else self.logprobs(batch)
-        ref_logp = self._ref_logprobs(batch) if self.ref_model is not None else None
+        ref_logp = self.ref_logprobs(batch) if self.ref_model is not None else None
         agg = self.algo.loss_agg_mode
         norm_length = self.algo.loss_norm_length or self.spec.max_new_tokens
         sums: dict[str, float] = {}
@@ -158,7 +164,8 @@ class Learner:
                     idx = slice(start, start + self.micro_batch_size)
                     mb = mini_batch.select(idx)
                     mask = mb.loss_mask.to(self.device)
-                    logp, entropy = self._forward_logprobs(self.engine, mb, with_entropy=True)
+                    logp, entropy = self._forward_logprobs(
+                        self.engine, mb, entropy="loss" if self.algo.entropy_coeff > 0 else "metric")
                     width = logp.shape[1]
                     mb_old = logp.detach() if old_logp is None else \
                         old_logp[mini_idx][idx][:, :width].to(self.device)
@@ -176,14 +183,15 @@ class Learner:
                     record({f"pg_{k}" if k in ("loss",) else k: v for k, v in metrics.items()})
                     if ref_logp is not None and not self.algo.kl_in_reward:
                         kl, kl_metrics = kl_penalty(logp, ref_logp[mini_idx][idx][:, :width].to(self.device),
-                                                    estimator=self.algo.kl_estimator)
+                                                    estimator=self.algo.kl_estimator, mask=mask)
                         loss = loss + self.algo.kl_coeff * aggregate_loss(
                             kl, mask, agg, norm_length=norm_length, global_denominator=denom)
                         record({"kl_ref": float((kl * mask).sum() / mask.sum().clamp(min=1))})
-                    if self.algo.entropy_coeff > 0:
-                        raise NotImplementedError("entropy bonus needs entropy with grad; set algo.entropy_coeff=0")
+                    if self.algo.entropy_coeff > 0:  # entropy bonus: maximise entropy, aggregated like the loss
+                        loss = loss - self.algo.entropy_coeff * aggregate_loss(
+                            entropy, mask, agg, norm_length=norm_length, global_denominator=denom)
                     tokens = mask.sum().clamp(min=1)
-                    record({"entropy": float((entropy * mask).sum() / tokens)})
+                    record({"entropy": float((entropy.detach() * mask).sum() / tokens)})
                     self.engine.backward(loss, scale_wrt_gas=False)
                     self.engine.step()
                     record({"loss": float(loss.detach())})

@@ -1,0 +1,103 @@
+"""The typed config: bounds, cross-field rules, overrides and presets, with messages that name the field."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from grpo_core.cli import main as cli_main
+from grpo_core.config import ConfigError, build_config, load_config, parse_overrides
+
+BASE = {"model": {"path": "m"}, "data": {"train_path": "t.jsonl"}}
+
+
+def _tree(**sections):
+    tree = {k: dict(v) for k, v in BASE.items()}
+    for name, values in sections.items():
+        tree.setdefault(name, {}).update(values)
+    return tree
+
+
+def test_defaults_resolve_and_batch_size_is_prompts_times_samples():
+    cfg = build_config(_tree(rollout={"prompts_per_iteration": 4, "samples_per_prompt": 6}))
+    assert cfg.batch_size == 24
+    assert cfg.algo.preset == "grpo" and cfg.algo.clip_eps_low == 0.2
+
+
+@pytest.mark.parametrize("section,values,field", [
+    ("rollout", {"temperature": 0.0}, "rollout.temperature"),
+    ("rollout", {"samples_per_prompt": 0}, "rollout.samples_per_prompt"),
+    ("train", {"lr": -1.0}, "train.lr"),
+    ("train", {"zero_stage": 5}, "train.zero_stage"),
+    ("algo", {"clip_eps_low": 1.5}, "algo.clip_eps_low"),
+    ("reward", {"type": "regex"}, "reward.type"),
+])
+def test_invalid_values_name_the_field(section, values, field):
+    with pytest.raises(ConfigError) as err:
+        build_config(_tree(**{section: values}))
+    assert field in str(err.value)
+
+
+def test_unknown_keys_are_refused():
+    with pytest.raises(ConfigError, match="rollout.temprature"):
+        build_config(_tree(rollout={"temprature": 0.7}))
+
+
+def test_mini_batch_must_divide_the_batch():
+    with pytest.raises(ConfigError, match=r"train.mini_batch_size=5 must divide the batch.*4 x 8 = 32"):
+        build_config(_tree(rollout={"prompts_per_iteration": 4, "samples_per_prompt": 8},
+                           train={"mini_batch_size": 5}))
+
+
+def test_micro_batch_must_divide_the_mini_batch():
+    with pytest.raises(ConfigError, match=r"train.micro_batch_size=3 must divide the mini-batch \(16"):
+        build_config(_tree(rollout={"prompts_per_iteration": 4, "samples_per_prompt": 8},
+                           train={"mini_batch_size": 16, "micro_batch_size": 3}))
+
+
+def test_groups_need_two_samples_and_reward_weights_match():
+    with pytest.raises(ConfigError, match="samples_per_prompt must be >= 2"):
+        build_config(_tree(rollout={"samples_per_prompt": 1}))
+    with pytest.raises(ConfigError, match="reward.weights has 1 entries but reward.rewards has 2"):
+        build_config(_tree(reward={"rewards": ["accuracy", "format"], "weights": [1.0]}))
+
+
+def test_dynamic_sampling_needs_accuracy():
+    with pytest.raises(ConfigError, match="must include 'accuracy'"):
+        build_config(_tree(algo={"preset": "dapo"}, reward={"rewards": ["format"]}))
+
+
+def test_overrides_parse_yaml_scalars_and_win_over_file_and_preset(tmp_path):
+    assert parse_overrides(["a.b=3", "a.c=0.5", "d=[1, 2]", "e=true"]) == {"a": {"b": 3, "c": 0.5}, "d": [1, 2],
+                                                                          "e": True}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(_tree(algo={"preset": "dapo"}, rollout={"temperature": 0.9})))
+    cfg = load_config(path, ["rollout.temperature=0.7", "algo.clip_eps_high=0.3"])
+    assert cfg.rollout.temperature == 0.7
+    assert cfg.algo.clip_eps_high == 0.3  # user beats preset
+    assert cfg.algo.filter_groups is True  # preset fills what the user did not set
+
+
+def test_load_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_tree(rollout={"top_p": 2.0})))
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert str(bad) in str(err.value) and "rollout.top_p" in str(err.value)
+    with pytest.raises(ConfigError, match="expected key=value"):
+        load_config(bad, ["rollout.top_p"])
+
+
+def test_cli_config_prints_resolved_preset(capsys):
+    assert cli_main(["config", "--preset", "dapo"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["algo"]["preset"] == "dapo"
+    assert printed["algo"]["clip_eps_high"] == 0.28 and printed["algo"]["filter_groups"] is True
+
+
+def test_cli_reports_config_errors_with_exit_code_2(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_tree(train={"lr": 0})))
+    assert cli_main(["train", "--config", str(bad)]) == 2
+    assert "train.lr" in capsys.readouterr().err

@@ -1,0 +1,101 @@
+"""Prompt order, tokenisation limits, and the score stage's bookkeeping (no engines)."""
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+import torch
+
+from grpo_core.config import build_config
+from grpo_core.data.readers import DataError, PromptSet
+from grpo_core.pipeline.prompts import PromptStream, PromptTokenizer
+from grpo_core.pipeline.scoring import add_advantages, group_rewards
+from tasks.score import assemble_groups
+
+
+class CharTokenizer:
+    """A deterministic stand-in for the chat template + tokenizer: one id per character."""
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+    def encode(self, text, add_special_tokens):
+        return [ord(c) for c in text]
+
+
+def _prompts(n):
+    rows = [{"prompt_id": i, "messages": [{"role": "user", "content": f"q{i}"}], "gt_answer": str(i)}
+            for i in range(n)]
+    return PromptSet(rows=rows, skipped=[], source="mem.jsonl")
+
+
+def test_prompt_order_is_a_pure_function_of_seed_and_iteration():
+    enc = PromptTokenizer(CharTokenizer(), "boxed", "", 64)
+    a = PromptStream(_prompts(10), enc, batch_size=4, seed=3)
+    b = PromptStream(_prompts(10), enc, batch_size=4, seed=3)
+    assert [p["prompt_id"] for p in a.batch(7)] == [p["prompt_id"] for p in b.batch(7)]
+    # consecutive iterations walk through an epoch permutation: the first 10 draws cover every prompt once
+    first_epoch = [p["prompt_id"] for it in range(3) for p in a.batch(it)][:10]
+    assert sorted(first_epoch) == list(range(10))
+    other_seed = PromptStream(_prompts(10), enc, batch_size=4, seed=4)
+    assert [p["prompt_id"] for p in other_seed.batch(0)] != [p["prompt_id"] for p in a.batch(0)]
+
+
+def test_encoded_prompt_carries_dataset_columns_and_template():
+    enc = PromptTokenizer(CharTokenizer(), "boxed", "SYS", 64)
+    p = enc.encode({"prompt_id": 2, "messages": [{"role": "user", "content": "hi"}], "gt_answer": "5",
+                    "level": 3}, "mem.jsonl")
+    assert p["columns"]["gt_answer"] == "5" and p["columns"]["level"] == 3
+    assert p["columns"]["prompt_text"] == "<system>SYS<user>hi<assistant>"
+    assert p["prompt_token_ids"] == [ord(c) for c in p["columns"]["prompt_text"]]
+
+
+def test_too_long_prompt_names_file_row_and_field():
+    prompts = _prompts(6)
+    prompts.rows[4]["messages"][0]["content"] = "a much longer question"
+    enc = PromptTokenizer(CharTokenizer(), "boxed", "", 24)
+    with pytest.raises(DataError, match=r"mem.jsonl: row 4: field 'messages': the prompt has 39 tokens, more than "
+                                        r"data.max_prompt_tokens=24"):
+        PromptStream(prompts, enc, batch_size=6, seed=0, shuffle=False).batch(0)
+
+
+def _scored_table(rewards, acc=None, truncated=None):
+    n = len(rewards)
+    cols = {"reward": pa.array(rewards, pa.float64()),
+            "reward_accuracy": pa.array(acc if acc is not None else rewards, pa.float64()),
+            "response_length": pa.array([4] * n, pa.int32()),
+            "truncated": pa.array(truncated or [False] * n, pa.bool_())}
+    return pa.table(cols)
+
+
+def test_unscored_rows_leave_the_group_baseline_alone_and_are_not_kept():
+    table = _scored_table([1.0, 0.0, None, 1.0])
+    rewards, scored = group_rewards(table, 4)
+    assert rewards.tolist() == [[1.0, 0.0, 2 / 3, 1.0]]
+    assert scored.tolist() == [[True, True, False, True]]
+    cfg = build_config({"model": {"path": "m"}, "data": {"train_path": "t"},
+                        "rollout": {"prompts_per_iteration": 1, "samples_per_prompt": 4}})
+    out, metrics = add_advantages(table, cfg)
+    assert out.column("kept").to_pylist() == [True, True, False, True]
+    adv = torch.tensor(out.column("advantage").to_pylist())
+    assert abs(float(adv.mean())) < 1e-6 and adv[0] > 0 > adv[1]
+
+
+def test_overlong_filter_masks_truncated_rows():
+    cfg = build_config({"model": {"path": "m"}, "data": {"train_path": "t"}, "algo": {"overlong_filter": True},
+                        "rollout": {"prompts_per_iteration": 1, "samples_per_prompt": 2}})
+    out, _ = add_advantages(_scored_table([1.0, 0.0], truncated=[False, True]), cfg)
+    assert out.column("kept").to_pylist() == [True, False]
+
+
+def test_assemble_keeps_exactly_the_mixed_groups_then_masks_filler():
+    g = 2
+    round1 = _scored_table([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]).append_column("kept", pa.array([True] * 6))
+    round2 = _scored_table([0.0, 1.0, 0.0, 0.0]).append_column("kept", pa.array([True] * 4))
+    batch, metrics = assemble_groups([round1, round2], g, target_groups=3, filter_range=(0.0, 1.0))
+    # kept (mixed) groups: round1 group 0, round2 group 0; one all-wrong/right group fills the batch, masked
+    assert batch.num_rows == 6
+    assert batch.column("reward").to_pylist()[:4] == [1.0, 0.0, 0.0, 1.0]
+    assert batch.column("kept").to_pylist() == [True, True, True, True, False, False]
+    assert metrics["groups_kept"] == 2 and metrics["groups_masked"] == 1

@@ -1,0 +1,133 @@
+"""The tiny demo policy and its task: one tokenizer for all three loaders, vLLM agreeing with transformers, a policy
+that answers in the boxed format, and committed splits that are disjoint and reproducible."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_core.data import arith
+from grpo_core.model import tiny
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data" / "arith"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("tiny")
+    metrics = tiny.build_tiny(out, train_path=DATA / "train.jsonl", seed=0, log=lambda _: None)
+    return out, metrics
+
+
+def _prompts(n_per_split: int = 8) -> list[str]:
+    users = []
+    for split in arith.SPLITS:
+        users += [u for u, _ in tiny.read_questions(DATA / f"{split}.jsonl")[:n_per_split]]
+    return [tiny.render_prompt(u) for u in users]
+
+
+def test_splits_are_disjoint_and_match_committed_files(tmp_path):
+    written = arith.write_splits(tmp_path)
+    for split, path in written.items():
+        assert path.read_text() == (DATA / f"{split}.jsonl").read_text(), f"{split} differs from committed file"
+    train = {r["messages"]["content"] for r in arith.make_rows("train")}
+    evals = {r["messages"]["content"] for r in arith.make_rows("eval")}
+    assert train and 64 <= len(evals) <= 128
+    assert not train & evals
+    rows = arith.make_rows("eval")
+    a, b = arith.parse_question(rows[0]["messages"]["content"])
+    assert rows[0]["gt_answer"] == str(a + b)
+    assert arith.make_rows("eval", seed=1) != rows
+
+
+def test_bad_rows_name_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": {"role": "user", "content": "What is 1 + 2?"}, "gt_answer": "x"}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: field 'gt_answer'"):
+        tiny.read_questions(bad)
+
+
+def test_boxed_int_takes_last_box():
+    assert tiny.boxed_int("a \\boxed{3} then \\boxed{ 42 }") == 42
+    assert tiny.boxed_int("no box") is None
+    assert tiny.boxed_int("\\boxed{x}") is None
+
+
+def test_three_tokenizers_agree(model_dir):
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    folder, _ = model_dir
+    hf = AutoTokenizer.from_pretrained(folder)
+    raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    texts = _prompts() + [tiny.response_text("What is 23 + 4?", 27) + tiny.IM_END]
+    from vllm.tokenizers import get_tokenizer  # noqa: PLC0415 (heavy import, test only)
+
+    vt = get_tokenizer(str(folder))
+    for text in texts:
+        ids = hf.encode(text, add_special_tokens=False)
+        assert ids == raw.encode(text, add_special_tokens=False).ids, text
+        assert ids == vt.encode(text, add_special_tokens=False), text
+        assert hf.decode(ids) == text
+    # the chat template renders exactly what render_prompt writes
+    msgs = tiny.chat_messages("What is 23 + 4?")
+    assert hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == tiny.render_prompt(
+        "What is 23 + 4?")
+    assert hf.eos_token == tiny.IM_END and hf.pad_token == tiny.PAD_TOKEN
+    assert hf.convert_ids_to_tokens(hf.encode(tiny.render_prompt("What is 1 + 2?"))[0]) == tiny.IM_START
+
+
+def test_warm_up_policy_answers_in_format_but_not_yet_correctly(model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, metrics = model_dir
+    assert metrics["eval_greedy_parseable"] >= 0.95
+    assert metrics["eval_greedy_accuracy"] <= 0.3
+    assert 0.03 <= metrics["eval_sampled_accuracy"] <= 0.5
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert model.config.tie_word_embeddings and model.generation_config.eos_token_id == tok.eos_token_id
+    evals = tiny.read_questions(DATA / "eval.jsonl")
+    texts = tiny.generate(model, tok, [u for u, _ in evals], greedy=True, max_new_tokens=16)
+    assert sum(tiny.boxed_int(t) is not None for t in texts) >= 0.95 * len(evals)
+    # greedy answers are near misses: the policy knows the neighbourhood of the answer
+    near = [abs(tiny.boxed_int(t) - a) <= 3 for t, (_, a) in zip(texts, evals) if tiny.boxed_int(t) is not None]
+    assert sum(near) >= 0.7 * len(near)
+
+
+def test_build_is_deterministic(model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    folder, _ = model_dir
+    spec = tiny.TinySpec(warmup_steps=5, clean_steps=2)
+    tiny.build_tiny(tmp_path / "a", train_path=DATA / "train.jsonl", spec=spec, log=lambda _: None)
+    tiny.build_tiny(tmp_path / "b", train_path=DATA / "train.jsonl", spec=spec, log=lambda _: None)
+    wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert (tmp_path / "a" / "tokenizer.json").read_text() == (folder / "tokenizer.json").read_text()
+
+
+def test_vllm_greedy_matches_transformers(model_dir, monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    folder, _ = model_dir
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    prompts = _prompts(6)
+    llm = LLM(model=str(folder), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
+              kv_cache_memory_bytes=64 * 2**20, seed=0)
+    outs = llm.generate([{"prompt_token_ids": tok.encode(p, add_special_tokens=False)} for p in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=16))
+    for prompt, out in zip(prompts, outs):
+        ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)])
+        with torch.no_grad():
+            ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, ids.shape[1]:]
+        assert list(out.outputs[0].token_ids) == ref.tolist(), prompt
+        assert out.outputs[0].token_ids[-1] == tok.eos_token_id
