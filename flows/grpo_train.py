@@ -146,7 +146,7 @@ def _run_iterations(ctx: RunContext, started: float) -> dict[str, Any]:
                 "time_rollout_s": t2 - t1 - _score_seconds(sc), "time_score_s": _score_seconds(sc),
                 "sync_logprob_max_diff": sy.get("sync_logprob_max_diff"),
                 "time_train_s": t3 - t2, "time_sync_s": t4 - t3 - sy.get("check_seconds", 0.0),
-                "time_sync_check_s": sy.get("check_seconds"), "time_iteration_s": t4 - t0,
+                "time_sync_check_s": sy.get("check_seconds"), "time_total_s": t4 - t0,
                 "time_overhead_s": (t4 - t1) - inside - _score_seconds(sc),
             })
             store.append_metrics(row)

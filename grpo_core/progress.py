@@ -32,7 +32,7 @@ class Progress:
         line = (f"iter {it:4d}  reward {_fmt(row.get('reward_mean'), '.3f')}  "
                 f"eval_acc {_fmt(row.get('eval_accuracy'), '.3f')}  loss {_fmt(row.get('loss'), '+.4f')}  "
                 f"len {_fmt(row.get('response_length_mean'), '.1f')}  "
-                f"time {_fmt(row.get('time_iteration_s', row.get('time_eval_s')), '.2f')}s")
+                f"time {_fmt(row.get('time_total_s', row.get('time_eval_s')), '.2f')}s")
         self.bar.console.print(line)
         if row.get("reward_mean") is not None:
             self.bar.update(self.task, advance=1, description=f"reward {row['reward_mean']:.3f}")

@@ -103,7 +103,7 @@ def test_build_is_deterministic(model_dir, tmp_path):
     from safetensors.torch import load_file
 
     folder, _ = model_dir
-    spec = tiny.TinySpec(warmup_steps=5, clean_steps=2)
+    spec = tiny.TinySpec(clean_steps=3, noisy_steps=2)
     tiny.build_tiny(tmp_path / "a", train_path=DATA / "train.jsonl", spec=spec, log=lambda _: None)
     tiny.build_tiny(tmp_path / "b", train_path=DATA / "train.jsonl", spec=spec, log=lambda _: None)
     wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")

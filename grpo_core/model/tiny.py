@@ -2,12 +2,13 @@
 
 Why a warm-up with noisy answers: the demo must show GRPO *teaching* something within minutes on two CPU cores. A
 random model never produces a parseable answer (zero reward everywhere, nothing to learn from), and a model trained on
-the true answers leaves nothing to learn. So the warm-up is supervised on the train split with targets
-``a + b + delta``, where delta is drawn afresh every time: 0 with probability ~0.1, else one of +-1, +-2. The policy
-learns the answer format and the *neighbourhood* of the answer (a digit-level rule that carries over to held-out
-operand pairs), greedy decoding lands on a wrong neighbour, and sampling at temperature 1 hits the exact answer about
-one time in ten, so most groups of 8 samples hold a reward. GRPO then only has to learn "delta = 0", which is one
-shared direction for all problems and transfers to the held-out eval split.
+the true answers leaves nothing to learn. So the warm-up has two supervised phases on the train split: first the true
+answers (the addition rule is learnt several times faster from clean targets, and that rule is what carries over to
+held-out operand pairs), then targets ``a + b + delta`` with delta drawn afresh every time: 0 with probability ~0.1,
+else +1 or +2. Offsets on ONE side matter: with symmetric offsets (+-1, +-2) the model learns a bump centred on the
+truth and greedy decoding is right about half the time. With +1/+2 greedy lands on a wrong neighbour (accuracy ~0),
+sampling at temperature 1 hits the exact answer now and then, so many groups of 8 samples hold a reward, and GRPO
+only has to learn "shift by -1 or -2", one shared direction that transfers to the held-out eval split.
 
 The tokenizer uses Qwen2's normalizer, pre-tokenizer and decoder, so transformers (which loads the folder as
 ``Qwen2Tokenizer``), the `tokenizers` library and vLLM all produce the same ids.
@@ -56,13 +57,14 @@ class TinySpec:
     intermediate_size: int = 512
     max_positions: int = 256
     vocab_size: int = 400
-    warmup_steps: int = 800
-    clean_steps: int = 400
+    clean_steps: int = 600
+    noisy_steps: int = 300
     batch_size: int = 64
     lr: float = 5e-3
+    noisy_lr: float = 3e-3
     weight_decay: float = 0.01
     p_exact: float = 0.1
-    offsets: tuple[int, ...] = (-2, -1, 1, 2)
+    offsets: tuple[int, ...] = (1, 2)
     eval_max_new_tokens: int = 16
 
 
@@ -224,32 +226,43 @@ def _shared_prefix_loss(model, prefix: torch.Tensor, ids: torch.Tensor, labels: 
                                              ignore_index=-100)
 
 
-def warm_up(model, tokenizer, questions: list[tuple[str, int]], spec: TinySpec, seed: int,
-            log: Callable[[str], None] = print) -> float:
-    """Supervised steps: the first `spec.clean_steps` on true answers (the rule is learnt several times faster from
-    clean targets), the rest on noisy ones (fresh noise every step). Returns the mean loss of the last 20 steps."""
-    rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.98))
-    warm = max(1, spec.warmup_steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / spec.warmup_steps))))
-    model.train()
+def _warm_up_phase(model, tokenizer, questions, spec: TinySpec, rng: random.Random, *, steps: int, lr: float,
+                   exact: bool, schedule: str, log: Callable[[str], None], name: str) -> list[float]:
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=spec.weight_decay, betas=(0.9, 0.98))
+    warm = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, (lambda s: 1.0) if schedule == "constant" else (
+        lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
     losses = []
-    for step in range(spec.warmup_steps):
+    for step in range(steps):
         batch = [questions[rng.randrange(len(questions))] for _ in range(spec.batch_size)]
-        loss = _shared_prefix_loss(model, *_encode_examples(
-            tokenizer, batch, [a if step < spec.clean_steps else _noisy_answer(a, spec, rng) for _, a in batch]))
+        shown = [a if exact else _noisy_answer(a, spec, rng) for _, a in batch]
+        loss = _shared_prefix_loss(model, *_encode_examples(tokenizer, batch, shown))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         losses.append(loss.item())
-        if step % 100 == 0 or step == spec.warmup_steps - 1:
-            log(f"warm-up step {step}: loss {loss.item():.4f}")
+        if step % 100 == 0 or step == steps - 1:
+            log(f"warm-up ({name}) step {step}: loss {loss.item():.4f}")
+    return losses
+
+
+def warm_up(model, tokenizer, questions: list[tuple[str, int]], spec: TinySpec, seed: int,
+            log: Callable[[str], None] = print) -> float:
+    """Two supervised phases. First `spec.clean_steps` on the true answers (cosine lr): a rule is learnt several
+    times faster from clean targets, and it is what lets the policy generalise to held-out pairs. Then
+    `spec.noisy_steps` on noisy answers (fresh noise every step, constant `spec.noisy_lr`), which moves the policy's
+    answers to the neighbours of the truth. Returns the mean loss of the last 20 noisy steps."""
+    rng = random.Random(seed)
+    model.train()
+    _warm_up_phase(model, tokenizer, questions, spec, rng, steps=spec.clean_steps, lr=spec.lr, exact=True,
+                   schedule="cosine", log=log, name="exact answers")
+    losses = _warm_up_phase(model, tokenizer, questions, spec, rng, steps=spec.noisy_steps, lr=spec.noisy_lr,
+                            exact=False, schedule="constant", log=log, name="noisy answers")
     model.eval()
     tail = losses[-20:]
-    return sum(tail) / len(tail)
+    return sum(tail) / max(1, len(tail))
 
 
 @torch.no_grad()
