@@ -35,13 +35,16 @@ $(STAMP): $(LOCK) pyproject.toml
 
 install: $(STAMP)
 
-$(TINY_MODEL)/config.json: | $(STAMP)
+# Rebuilt when its recipe or the task data change.
+$(TINY_MODEL)/config.json: grpo_core/model/tiny.py data/arith/train.jsonl | $(STAMP)
 	$(BIN)/grpo model tiny --out $(TINY_MODEL)
 
 model: $(TINY_MODEL)/config.json
 
+# Each `make run` is a new run folder runs/tiny-<time>; `grpo train` with an existing run name reuses its
+# complete stage outputs instead.
 run: $(STAMP) $(TINY_MODEL)/config.json
-	$(BIN)/grpo train --config $(CONFIG)
+	$(BIN)/grpo train --config $(CONFIG) --set run_name=tiny-$$(date +%Y%m%d-%H%M%S)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

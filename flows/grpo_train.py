@@ -7,6 +7,7 @@ the policy before the update; a last row, iteration = ``iterations``, holds the 
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -42,12 +43,17 @@ def _build_context(cfg: GRPOConfig, store: RunStore) -> RunContext:
     stream = PromptStream(train_set, encoder, batch_size=cfg.rollout.prompts_per_iteration, seed=cfg.seed,
                           shuffle=d.shuffle, rounds_per_iteration=rounds)
     eval_prompts: list[dict[str, Any]] = []
+    sets = [train_set]
     if d.eval_path and cfg.eval.interval > 0:
         eval_set = read_prompts(d.eval_path, **read)
+        sets.append(eval_set)
         eval_prompts = PromptStream(eval_set, encoder, batch_size=1, seed=0, shuffle=False).all(cfg.eval.max_prompts)
-    for s in (train_set, *(() if not d.eval_path else ())):
-        if s.skipped:
-            print(f"skipped {len(s.skipped)} bad rows of {s.source} (data.on_bad_row=skip); first: {s.skipped[0]}")
+    skipped = {s.source: [{"row": row, "reason": why} for row, why in s.skipped] for s in sets if s.skipped}
+    if skipped:  # counted, reported and kept with the run, never dropped silently
+        store.put_bytes("skipped_rows.json", json.dumps(skipped, indent=1).encode())
+        for source, rows in skipped.items():
+            print(f"skipped {len(rows)} bad rows of {source} (data.on_bad_row=skip), listed in "
+                  f"{store.uri}/skipped_rows.json; first: {rows[0]}")
     start_ray(cfg)
     worker = create_policy_worker(cfg)
     r = cfg.reward

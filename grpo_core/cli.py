@@ -45,15 +45,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
     from grpo_core.config import load_config
 
-    cfg = load_config(args.config, args.set, preset=args.preset) if args.config else None
-    if cfg is None:
-        from grpo_core.config import build_config
-        from grpo_core.config import parse_overrides, _merge  # noqa: PLC2701 - same package
-
-        tree = {"model": {"path": "<model>"}, "data": {"train_path": "<train.jsonl>"}}
-        if args.preset:
-            tree["algo"] = {"preset": args.preset}
-        cfg = build_config(_merge(tree, parse_overrides(args.set or [])), "<preset>")
+    cfg = load_config(args.config, args.set, preset=args.preset)
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
     return 0
 

@@ -74,8 +74,8 @@ class RewardConfig(_Section):
 class AlgoConfig(_Section):
     """The algorithm of a run (advantages, policy loss, KL, filters, off-policy correction).
 
-    Every field maps onto an argument of a function in `grpo_core.algo`; docs/algo_options.md lists them with the
-    preset that sets each. Defaults are the "grpo" preset's values.
+    Every field maps onto an argument of a function in `grpo_core.algo`; the README's "Algorithm options" table
+    lists them with the preset that sets each. Defaults are the "grpo" preset's values.
     """
     preset: Literal["grpo", "dapo", "dr_grpo", "gspo", "rloo"] = "grpo"
     advantage_estimator: Literal["grpo", "dr_grpo", "rloo"] = Field(
@@ -235,10 +235,10 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return tree
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merge_trees(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge_trees(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -249,7 +249,7 @@ def apply_preset(tree: dict[str, Any]) -> dict[str, Any]:
     name = (tree.get("algo") or {}).get("preset", "grpo")
     if name not in PRESETS:
         raise ConfigError(f"algo.preset={name!r} is unknown; choose one of {sorted(PRESETS)}")
-    return _merge(PRESETS[name], tree)
+    return merge_trees(PRESETS[name], tree)
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:
@@ -268,11 +268,16 @@ def build_config(tree: dict[str, Any], source: str = "<dict>") -> GRPOConfig:
         raise ConfigError(_format_validation_error(err, source)) from None
 
 
+# What `grpo config --preset NAME` resolves when no file is given: the required paths are placeholders.
+PLACEHOLDER_TREE: dict[str, Any] = {"model": {"path": "<model>"}, "data": {"train_path": "<train.jsonl>"}}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 preset: str | None = None) -> GRPOConfig:
-    """Read a YAML config, apply `--set key=value` overrides and the preset, validate."""
-    tree: dict[str, Any] = {}
-    source = "<overrides>"
+    """Read a YAML config (None: placeholders for the required paths), apply `--set key=value` overrides and the
+    preset, validate."""
+    tree: dict[str, Any] = dict(PLACEHOLDER_TREE) if path is None else {}
+    source = "<preset>" if path is None else "<overrides>"
     if path is not None:
         source = str(path)
         try:
@@ -286,8 +291,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
     if preset is not None:
-        tree = _merge(tree, {"algo": {"preset": preset}})
+        tree = merge_trees(tree, {"algo": {"preset": preset}})
     if overrides:
-        tree = _merge(tree, parse_overrides(overrides))
+        tree = merge_trees(tree, parse_overrides(overrides))
         source += " with --set " + " ".join(overrides)
     return build_config(tree, source)

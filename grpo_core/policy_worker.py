@@ -14,7 +14,7 @@ import torch
 
 from grpo_core.config import GRPOConfig
 from grpo_core.data.schemas import rollouts_table
-from grpo_core.rollout.sampler import SamplerSpec, VLLMSampler
+from grpo_core.rollout.sampler import Sample, SamplerSpec, VLLMSampler
 from grpo_core.storage import RunStore
 from grpo_core.train.batch import pack_batch
 from grpo_core.train.learner import Learner, LearnerSpec
@@ -76,16 +76,7 @@ class PolicyWorker:
                                        max_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
                                        seeds=seeds)
         seconds = time.perf_counter() - started
-        rows, columns = [], []
-        for gi, (prompt, samples) in enumerate(zip(prompts, groups)):
-            for si, s in enumerate(samples):
-                rows.append({
-                    "iteration": iteration, "prompt_id": prompt["prompt_id"], "group_id": seed_offset + gi,
-                    "sample_idx": si, "prompt_token_ids": prompt["prompt_token_ids"],
-                    "response_token_ids": s.token_ids, "sampler_logprobs": s.logprobs, "response_text": s.text,
-                    "finish_reason": s.finish_reason, "truncated": s.finish_reason == "length",
-                    "response_length": len(s.token_ids), "policy_version": self.sampler.version})
-                columns.append(prompt.get("columns", {}))
+        rows, columns = self._rows(iteration, prompts, groups, group_offset=seed_offset)
         table = rollouts_table(rows, columns)
         lengths = [r["response_length"] for r in rows]
         meta = {"policy_version": self.sampler.version, "seconds": seconds,
@@ -107,16 +98,7 @@ class PolicyWorker:
             groups = self.sampler.generate(token_lists, n=samples, max_tokens=ro.max_new_tokens,
                                            temperature=ro.temperature, top_p=ro.top_p,
                                            seeds=[self._seed(iteration, 10**6 + i) for i in range(len(prompts))])
-        rows, columns = [], []
-        for gi, (prompt, samples_) in enumerate(zip(prompts, groups)):
-            for si, s in enumerate(samples_):
-                rows.append({
-                    "iteration": iteration, "prompt_id": prompt["prompt_id"], "group_id": gi, "sample_idx": si,
-                    "prompt_token_ids": prompt["prompt_token_ids"], "response_token_ids": s.token_ids,
-                    "sampler_logprobs": s.logprobs, "response_text": s.text, "finish_reason": s.finish_reason,
-                    "truncated": s.finish_reason == "length", "response_length": len(s.token_ids),
-                    "policy_version": self.sampler.version})
-                columns.append(prompt.get("columns", {}))
+        rows, columns = self._rows(iteration, prompts, groups, group_offset=0)
         meta = {"policy_version": self.sampler.version, "seconds": time.perf_counter() - started,
                 "greedy": greedy}
         entry = self.store.put_table(iteration, name, rollouts_table(rows, columns), meta=meta)
@@ -149,6 +131,11 @@ class PolicyWorker:
         advantages, m = compute_advantages(shaped.view(-1, g), algo.advantage_estimator, algo.advantage_scale)
         metrics.update({f"kl_reward_{k}": v for k, v in m.items()})
         return advantages.reshape(-1).float(), metrics
+
+    def serve_checkpoint(self, model_dir: str, version: int) -> float:
+        """Load HF-format weights from ``model_dir`` into the sampler only, serving them as ``version`` (evaluate a
+        checkpoint; a restarted sampler is in this state with its original weights)."""
+        return self.sampler.load_weights_from_dir(model_dir, version)
 
     def sync(self) -> dict[str, float]:
         """Push the learner's weights into the sampler (in-process)."""
@@ -208,6 +195,21 @@ class PolicyWorker:
             h.update(name.encode())
             h.update(t.float().cpu().numpy().tobytes())
         return h.hexdigest()
+
+    def _rows(self, iteration: int, prompts: list[dict[str, Any]], groups: list[list[Sample]],
+              group_offset: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Rollout rows (the typed columns) and, per row, its prompt's dataset columns; grouped, in sample order."""
+        rows, columns = [], []
+        for gi, (prompt, samples) in enumerate(zip(prompts, groups)):
+            for si, s in enumerate(samples):
+                rows.append({
+                    "iteration": iteration, "prompt_id": prompt["prompt_id"], "group_id": group_offset + gi,
+                    "sample_idx": si, "prompt_token_ids": prompt["prompt_token_ids"],
+                    "response_token_ids": s.token_ids, "sampler_logprobs": s.logprobs, "response_text": s.text,
+                    "finish_reason": s.finish_reason, "truncated": s.finish_reason == "length",
+                    "response_length": len(s.token_ids), "policy_version": self.sampler.version})
+                columns.append(prompt.get("columns", {}))
+        return rows, columns
 
     def _seed(self, iteration: int, group: int) -> int:
         # Distinct per (seed, iteration, group); vLLM adds 0..G-1 for the group's samples.

@@ -47,7 +47,7 @@ def test_splits_are_disjoint_and_match_committed_files(tmp_path):
 def test_bad_rows_name_file_and_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": {"role": "user", "content": "What is 1 + 2?"}, "gt_answer": "x"}) + "\n")
-    with pytest.raises(ValueError, match=r"bad.jsonl:1: field 'gt_answer'"):
+    with pytest.raises(ValueError, match=r"bad.jsonl: row 0: field 'gt_answer' must be an integer"):
         tiny.read_questions(bad)
 
 
@@ -64,7 +64,7 @@ def test_three_tokenizers_agree(model_dir):
     folder, _ = model_dir
     hf = AutoTokenizer.from_pretrained(folder)
     raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    texts = _prompts() + [tiny.response_text("What is 23 + 4?", 27) + tiny.IM_END]
+    texts = _prompts() + [tiny.response_text(27) + tiny.IM_END]
     from vllm.tokenizers import get_tokenizer  # noqa: PLC0415 (heavy import, test only)
 
     vt = get_tokenizer(str(folder))

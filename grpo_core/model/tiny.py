@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,9 +25,11 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_core.data import arith
+from grpo_core.data.prompts import DEFAULT_SYSTEM_PROMPTS
+from grpo_core.data.readers import DataError, read_prompts
+from grpo_core.rewards.extract import last_boxed_content
 
-SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
+SYSTEM_PROMPT = DEFAULT_SYSTEM_PROMPTS["boxed"]  # what the rollout puts in front of every prompt
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -44,7 +45,6 @@ QWEN2_PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"""
     r"""\s+(?!\S)|\s+"""
 )
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
 @dataclass(frozen=True)
@@ -81,11 +81,9 @@ def render_prompt(user: str, system: str | None = SYSTEM_PROMPT) -> str:
     return text + f"{IM_START}assistant\n"
 
 
-def response_text(user: str, answer: int, restate: bool = False) -> str:
-    """The response the warm-up teaches: the boxed answer (eos follows); `restate` writes the sum first."""
-    if restate:
-        a, b = arith.parse_question(user)
-        return f"{a} + {b} = \\boxed{{{answer}}}"
+def response_text(answer: int) -> str:
+    """The response the warm-up teaches: just the boxed answer (eos follows). Restating the sum first made GRPO
+    learn much more slowly."""
     return f"\\boxed{{{answer}}}"
 
 
@@ -125,38 +123,25 @@ def build_tokenizer(corpus: list[str], vocab_size: int):
 # ---------------------------------------------------------------- data
 
 def read_questions(path: str | Path) -> list[tuple[str, int]]:
-    """(user prompt, integer answer) of each row of a math-format jsonl file."""
+    """(user prompt, integer answer) of each row of a math-format file; errors name the file, row and field."""
+    prompts = read_prompts(str(path), format="math")
     rows = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {err}") from None
-            msgs = row.get("messages")
-            msg = msgs[-1] if isinstance(msgs, list) and msgs else msgs
-            if not isinstance(msg, dict) or not isinstance(msg.get("content"), str):
-                raise ValueError(f"{path}:{lineno}: field 'messages' must be a message dict or a list of them")
-            try:
-                answer = int(row["gt_answer"])
-            except (KeyError, TypeError, ValueError):
-                raise ValueError(f"{path}:{lineno}: field 'gt_answer' must be an integer string, "
-                                 f"got {row.get('gt_answer')!r}") from None
-            rows.append((msg["content"], answer))
-    if not rows:
-        raise ValueError(f"{path}: no rows")
+    for row in prompts.rows:
+        try:
+            answer = int(row["gt_answer"])
+        except ValueError:
+            raise DataError(f"{path}: row {row['prompt_id']}: field 'gt_answer' must be an integer, "
+                            f"got {row['gt_answer']!r}") from None
+        rows.append((row["messages"][-1]["content"], answer))
     return rows
 
 
 def boxed_int(text: str) -> int | None:
-    """The integer in the last ``\\boxed{}`` of `text`, or None."""
-    found = _BOXED.findall(text)
-    if not found:
-        return None
+    """The integer in the last ``\\boxed{}`` of `text`, or None (the warm-up's own quick check; GRPO's reward uses
+    math-verify)."""
+    content = last_boxed_content(text)
     try:
-        return int(found[-1].strip())
+        return None if content is None else int(content.strip())
     except ValueError:
         return None
 
@@ -196,7 +181,7 @@ def _encode_examples(tokenizer, questions: list[tuple[str, int]], answers: list[
     seqs, masks = [], []
     for (user, _), shown in zip(questions, answers):
         p = tokenizer.encode(render_prompt(user), add_special_tokens=False)
-        r = tokenizer.encode(response_text(user, shown), add_special_tokens=False) + [tokenizer.eos_token_id]
+        r = tokenizer.encode(response_text(shown), add_special_tokens=False) + [tokenizer.eos_token_id]
         seqs.append(p + r)
         masks.append([0] * len(p) + [1] * len(r))
     common = min(map(len, seqs))
@@ -294,7 +279,7 @@ def tokenizer_corpus(questions: list[tuple[str, int]], spec: TinySpec) -> list[s
     corpus = [SYSTEM_PROMPT, CHAT_TEMPLATE]
     for user, answer in questions:
         corpus.append(render_prompt(user))
-        corpus.append(response_text(user, answer) + IM_END)
+        corpus.append(response_text(answer) + IM_END)
     corpus.extend(str(n) for n in range(0, 1000))
     return corpus
 

@@ -111,6 +111,19 @@ class VLLMSampler:
         self.version = version
         return time.perf_counter() - started
 
+    def load_weights_from_dir(self, model_dir: str, version: int) -> float:
+        """Every ``*.safetensors`` file of an HF-format folder (the full state dict) -> ``load_weights``."""
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        files = sorted(Path(model_dir).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{model_dir}: no .safetensors weights")
+        weights = [item for f in files for item in load_file(str(f)).items() if item[0] != "lm_head.weight"
+                   or not self.llm.llm_engine.model_config.hf_config.tie_word_embeddings]
+        return self.load_weights(weights, version)
+
     @staticmethod
     def _sample(completion) -> Sample:
         token_ids = list(completion.token_ids)

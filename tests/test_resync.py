@@ -1,0 +1,58 @@
+"""The flow's version check: a sampler serving other weights than the learner's is re-synced before sampling."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from grpo_core.config import build_config
+from grpo_core.data.schemas import rollouts_table
+from grpo_core.storage import RunStore
+from tests.conftest import tiny_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def test_stale_sampler_is_detected_and_resynced(tiny_model, tmp_path, prefect_harness):
+    from grpo_core.cluster.ray_cluster import call, create_policy_worker, kill, start_ray, stop_ray
+    from grpo_core.rewards.scorer import Scorer
+    from tasks.context import RunContext
+    from tasks.sync import ensure_synced, sync
+
+    cfg = build_config(tiny_config(tiny_model, str(tmp_path)))
+    start_ray(cfg)
+    worker = create_policy_worker(cfg)
+    try:
+        ctx = RunContext(cfg=cfg, store=RunStore(str(tmp_path), cfg.run_name), worker=worker,
+                         scorer=Scorer(num_workers=1), train_prompts=None)
+        # One update with non-zero advantages so the learner's weights differ from the model on disk.
+        prompt = list(range(3, 20))
+        rows = [{"iteration": 0, "prompt_id": 0, "group_id": 0, "sample_idx": i, "prompt_token_ids": prompt,
+                 "response_token_ids": [30 + i, 31, 2], "sampler_logprobs": [-1.0, -1.0, -1.0],
+                 "response_text": "x", "finish_reason": "stop", "truncated": False, "response_length": 3,
+                 "policy_version": 0} for i in range(4)]
+        table = rollouts_table(rows, [{}] * 4)
+        table = table.append_column("advantage", pa.array([1.0, -1.0, 1.0, -1.0], pa.float32()))
+        table = table.append_column("kept", pa.array([True] * 4))
+        ctx.store.put_table(0, "rollouts.parquet", rollouts_table(rows, [{}] * 4))
+        ctx.store.put_table(0, "scored.parquet", table)
+        call(worker.train, 0)
+        sync(ctx, check=(0, "rollouts.parquet"))
+        assert call(worker.versions) == (1, 1)
+        in_sync = call(worker.check_sync, 0, "rollouts.parquet", 4)["sync_logprob_max_diff"]
+        assert in_sync < 1e-4
+
+        # The sampler comes back with the original weights (as a restarted sampler would) ...
+        call(worker.serve_checkpoint, tiny_model, 0)
+        stale = call(worker.check_sync, 0, "rollouts.parquet", 4)["sync_logprob_max_diff"]
+        assert stale > 1e-3, "the test needs weights that differ from the checkpoint"
+        # ... the version check notices and re-syncs, and the two agree again.
+        assert ensure_synced(ctx, expected_learner_version=1) is not None
+        assert call(worker.versions) == (1, 1)
+        assert call(worker.check_sync, 0, "rollouts.parquet", 4)["sync_logprob_max_diff"] < 1e-4
+        assert ensure_synced(ctx, expected_learner_version=1) is None  # nothing to do when versions agree
+        with pytest.raises(RuntimeError, match="lost its state"):
+            ensure_synced(ctx, expected_learner_version=5)
+        ctx.scorer.close()
+    finally:
+        kill(worker)
+        stop_ray()
