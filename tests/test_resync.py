@@ -18,7 +18,8 @@ def test_stale_sampler_is_detected_and_resynced(tiny_model, tmp_path, prefect_ha
     from tasks.context import RunContext
     from tasks.sync import ensure_synced, sync
 
-    cfg = build_config(tiny_config(tiny_model, str(tmp_path)))
+    cfg = build_config(tiny_config(tiny_model, str(tmp_path), rollout__prompts_per_iteration=1,
+                                   train__micro_batch_size=4))
     start_ray(cfg)
     worker = create_policy_worker(cfg)
     try:

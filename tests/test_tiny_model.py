@@ -17,10 +17,10 @@ DATA = ROOT / "data" / "arith"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("tiny")
-    metrics = tiny.build_tiny(out, train_path=DATA / "train.jsonl", seed=0, log=lambda _: None)
-    return out, metrics
+def model_dir(tiny_model) -> tuple[Path, dict]:
+    """The session's tiny model (tests/conftest.py) and the metrics its build recorded."""
+    folder = Path(tiny_model)
+    return folder, json.loads((folder / "build_metrics.json").read_text())
 
 
 def _prompts(n_per_split: int = 8) -> list[str]:

@@ -9,7 +9,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import ray
+# Ray reads this when it is imported: "0" makes a local Ray use 127.0.0.1 as its node address (the default is the
+# machine's external address, so its servers would listen there). Set it to 1 in the environment for a multi-node
+# cluster.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+import ray  # noqa: E402
 
 from grpo_core.config import GRPOConfig
 
@@ -35,7 +39,6 @@ def start_ray(cfg: GRPOConfig) -> dict[str, Any]:
     if ray.is_initialized():
         return ray.cluster_resources()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if cfg.cluster.ray_address:
         ray.init(address=cfg.cluster.ray_address, log_to_driver=True)
     else:

@@ -319,6 +319,7 @@ def build_tiny(out_dir: str | Path, *, train_path: str | Path = "data/arith/trai
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     metrics["seconds"] = time.monotonic() - t0
+    (out / "build_metrics.json").write_text(json.dumps(metrics, indent=1))  # how this policy was made
     log(f"tiny model saved to {out}: " + ", ".join(f"{k}={v:.3g}" for k, v in metrics.items()
                                                    if isinstance(v, float)))
     return metrics

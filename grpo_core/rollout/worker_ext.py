@@ -8,6 +8,7 @@ it), and with tied embeddings the packed lm_head keeps the OLD embedding unless 
 """
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 import torch
@@ -18,7 +19,17 @@ class WeightReceiver:
 
     def grpo_load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         weights = list(named_tensors)
-        self.reload_weights(weights_iterator=iter(weights))
+        # vLLM's layer-wise reload warns "Failed to load weights" for every layer that received nothing: the rotary
+        # embedding (no weights) and, with tied embeddings, the lm_head (its weight IS the embedding, which did
+        # arrive; the packed copy is rebuilt below). Both are expected on every sync, so that one logger is quieted;
+        # `sync_logprob_max_diff` is the real check that the sampler serves the learner's weights.
+        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        level = reload_log.level
+        reload_log.setLevel(logging.ERROR)
+        try:
+            self.reload_weights(weights_iterator=iter(weights))
+        finally:
+            reload_log.setLevel(level)
         model = self.model_runner.get_model()
         self._grpo_refresh_tied_lm_head(model)
         return len(weights)
