@@ -100,12 +100,14 @@ def grpo_train(config_path: str | None = None, overrides: list[str] | None = Non
     store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
     store.write_config(cfg.model_dump(mode="json"))
     started = time.perf_counter()
-    ctx = _build_context(cfg, store)
+    ctx = None
     try:
+        ctx = _build_context(cfg, store)
         return _run_iterations(ctx, started)
     finally:
-        ctx.scorer.close()
-        kill(ctx.worker)
+        if ctx is not None:
+            ctx.scorer.close()
+            kill(ctx.worker)
         stop_ray()
 
 
@@ -145,10 +147,14 @@ def _run_iterations(ctx: RunContext, started: float) -> dict[str, Any]:
                 "reward_mean": sc["reward_mean"],
                 "accuracy_mean": sc.get("reward_accuracy_mean"),
                 "loss": tr["loss"], "grad_norm": tr["grad_norm"], "lr": tr["lr"],
-                "clipfrac": tr.get("clipfrac"), "approx_kl": tr.get("approx_kl"), "entropy": tr.get("entropy"),
+                "clipfrac": tr.get("clipfrac"), "clipfrac_low": tr.get("clipfrac_low"),
+                "clipfrac_high": tr.get("clipfrac_high"), "approx_kl": tr.get("approx_kl"),
+                "kl_ref": tr.get("kl_ref"), "entropy": tr.get("entropy"),
+                "mismatch_abs_logp_mean": tr.get("mismatch_abs_logp_mean"),
                 "response_length_mean": rollouts[0]["response_length_mean"],
                 "truncated_frac": rollouts[0]["truncated_frac"],
                 "kept_frac": sc.get("kept_frac"), "rollout_rounds": len(rollouts),
+                "filtered_group_frac": sc.get("filtered_group_frac"),
                 "time_rollout_s": t2 - t1 - _score_seconds(sc), "time_score_s": _score_seconds(sc),
                 "sync_logprob_max_diff": sy.get("sync_logprob_max_diff"),
                 "time_train_s": t3 - t2, "time_sync_s": t4 - t3 - sy.get("check_seconds", 0.0),
