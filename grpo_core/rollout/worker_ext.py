@@ -34,11 +34,6 @@ class WeightReceiver:
         self._grpo_refresh_tied_lm_head(model)
         return len(weights)
 
-    def grpo_load_weights_from_file(self, path: str) -> int:
-        from safetensors.torch import load_file
-
-        return self.grpo_load_weights(load_file(path).items())
-
     @staticmethod
     def _grpo_refresh_tied_lm_head(model: torch.nn.Module) -> None:
         from vllm.platforms import current_platform
