@@ -66,8 +66,9 @@ def _build_context(cfg: GRPOConfig, store: RunStore) -> RunContext:
 def _collect_batch(ctx: RunContext, iteration: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rollout then score. Dynamic sampling (algo.filter_groups) adds rounds until enough groups have mixed
     outcomes or `max_resample_times` more rounds were sampled, then assembles the batch."""
+    import torch
+
     from grpo_core.algo import DynamicBatch
-    from grpo_core.pipeline.scoring import group_success
 
     cfg = ctx.cfg
     if not cfg.algo.filter_groups:
@@ -80,7 +81,7 @@ def _collect_batch(ctx: RunContext, iteration: int) -> tuple[list[dict[str, Any]
         sc = score(ctx, iteration, ro["name"])
         rollouts.append(ro)
         scored.append(sc)
-        success = group_success(ctx.store.get_table(iteration, sc["name"]), cfg.rollout.samples_per_prompt)
+        success = torch.tensor(sc.pop("group_success"), dtype=torch.float64)
         batch.add(success, list(range(success.shape[0])))
     out = assemble(ctx, iteration, [s["name"] for s in scored])
     first = dict(scored[0])

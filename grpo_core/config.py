@@ -277,9 +277,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Read a YAML config (None: placeholders for the required paths), apply `--set key=value` overrides and the
     preset, validate."""
     tree: dict[str, Any] = dict(PLACEHOLDER_TREE) if path is None else {}
-    source = "<preset>" if path is None else "<overrides>"
+    source = "<preset>" if path is None else str(path)
     if path is not None:
-        source = str(path)
         try:
             text = Path(path).read_text()
         except FileNotFoundError:

@@ -21,6 +21,10 @@ from grpo_core.train.learner import Learner, LearnerSpec
 from grpo_core.weights.inprocess import push_in_process
 
 
+# Files of an HF model folder that describe its tokenizer (copied next to the trained weights).
+_TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template", "vocab", "merges", "added_tokens")
+
+
 def _optimizer_steps_per_iteration(cfg: GRPOConfig) -> int:
     mini = cfg.train.mini_batch_size or cfg.batch_size
     return cfg.train.ppo_epochs * (cfg.batch_size // mini)
@@ -164,8 +168,7 @@ class PolicyWorker:
             self.learner.save_pretrained(tmp)
             for extra in os.listdir(self.cfg.model.path):  # tokenizer and chat template travel with the weights
                 src = os.path.join(self.cfg.model.path, extra)
-                if os.path.isfile(src) and not os.path.exists(os.path.join(tmp, extra)) and \
-                        not extra.endswith((".safetensors", ".bin")):
+                if extra.startswith(_TOKENIZER_FILES) and os.path.isfile(src):
                     shutil.copy(src, tmp)
             files = {}
             for fname in sorted(os.listdir(tmp)):

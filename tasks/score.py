@@ -26,12 +26,18 @@ def scored_name(rollout_name: str) -> str:
 
 @task(name="score", cache_policy=NONE)
 def score(ctx: RunContext, iteration: int, rollout_name: str) -> dict[str, Any]:
-    """rollouts*.parquet -> scored*.parquet (reused when complete for the same rollout file)."""
+    """rollouts*.parquet -> scored*.parquet (reused when complete for the same rollout file).
+
+    With dynamic sampling the result also carries ``group_success`` ([groups][G] accuracies, small) so the flow can
+    filter groups without reading the file back."""
     out_name = scored_name(rollout_name)
     source = ctx.store.entry(iteration, rollout_name)
     done = ctx.store.entry(iteration, out_name)
     if done is not None and source is not None and done.meta.get("source_sha256") == source.sha256:
-        return {"name": out_name, "rows": done.rows, "reused": True, **done.meta["metrics"]}
+        out = {"name": out_name, "rows": done.rows, "reused": True, **done.meta["metrics"]}
+        if ctx.cfg.algo.filter_groups:
+            out["group_success"] = _success_lists(ctx.store.get_table(iteration, out_name), ctx)
+        return out
     started = time.perf_counter()
     table = ctx.store.get_table(iteration, rollout_name)
     results, metrics = score_table(table, ctx.scorer, ctx.cfg.rollout.max_new_tokens)
@@ -40,7 +46,14 @@ def score(ctx: RunContext, iteration: int, rollout_name: str) -> dict[str, Any]:
     metrics["score_seconds"] = time.perf_counter() - started
     entry = ctx.store.put_table(iteration, out_name, scored,
                                 meta={"source_sha256": source.sha256 if source else None, "metrics": metrics})
-    return {"name": out_name, "rows": entry.rows, "reused": False, **metrics}
+    out = {"name": out_name, "rows": entry.rows, "reused": False, **metrics}
+    if ctx.cfg.algo.filter_groups:
+        out["group_success"] = _success_lists(scored, ctx)
+    return out
+
+
+def _success_lists(scored: pa.Table, ctx: RunContext) -> list[list[float]]:
+    return group_success(scored, ctx.cfg.rollout.samples_per_prompt).tolist()
 
 
 @task(name="assemble-batch", cache_policy=NONE)

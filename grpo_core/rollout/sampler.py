@@ -67,6 +67,8 @@ class VLLMSampler:
         self.load_seconds = time.perf_counter() - started
         self.spec = spec
         self.version = 0
+        # With tied embeddings the output layer IS the embedding: vLLM has no separate lm_head weight to load.
+        self._tied = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
 
     def generate(self, prompts: list[list[int]], *, n: int, max_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, seeds: list[int] | None = None) -> list[list[Sample]]:
@@ -106,7 +108,8 @@ class VLLMSampler:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
         """Replace all weights in place (the FULL state dict) and serve them as ``version``. Returns seconds."""
         started = time.perf_counter()
-        self.llm.collective_rpc("grpo_load_weights", args=(list(named_tensors),))
+        weights = [(n, t) for n, t in named_tensors if not (self._tied and n == "lm_head.weight")]
+        self.llm.collective_rpc("grpo_load_weights", args=(weights,))
         self.llm.reset_prefix_cache()
         self.version = version
         return time.perf_counter() - started
@@ -120,9 +123,7 @@ class VLLMSampler:
         files = sorted(Path(model_dir).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"{model_dir}: no .safetensors weights")
-        weights = [item for f in files for item in load_file(str(f)).items() if item[0] != "lm_head.weight"
-                   or not self.llm.llm_engine.model_config.hf_config.tie_word_embeddings]
-        return self.load_weights(weights, version)
+        return self.load_weights([item for f in files for item in load_file(str(f)).items()], version)
 
     @staticmethod
     def _sample(completion) -> Sample:

@@ -73,7 +73,6 @@ class Learner:
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
         model.config.use_cache = False
-        self.tied_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
         optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=train.betas,
                                       weight_decay=train.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(train, spec.total_steps))
@@ -210,11 +209,8 @@ class Learner:
 
     # ---------------------------------------------------------------------------------------------- weights
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The full state dict in HF names (what vLLM's loader expects). Tied lm_head is left out: vLLM ties it."""
-        module = self.engine.module
-        for name, tensor in module.state_dict().items():
-            if self.tied_embeddings and name == "lm_head.weight":
-                continue
+        """The full state dict in HF names (what vLLM's loader expects)."""
+        for name, tensor in self.engine.module.state_dict().items():
             yield name, tensor.detach()
 
     def save_pretrained(self, path: str) -> None:
