@@ -114,7 +114,8 @@ def kv_cache_mb(info: dict, sequences: int, tokens_per_seq: int) -> int:
 
 # ------------------------------------------------------------------------------------------------ flow
 
-def run_flow(model_dir: Path, root: Path, shape: dict, iterations: int, kv_mb: int) -> dict:
+def run_flow(model_dir: Path, root: Path, shape: dict, iterations: int, kv_mb: int,
+             checkpoint_interval: int = 0) -> dict:
     import pyarrow.parquet as pq
 
     import flows.grpo_train as gt
@@ -140,6 +141,7 @@ def run_flow(model_dir: Path, root: Path, shape: dict, iterations: int, kv_mb: i
         "reward": {"num_workers": 2},
         "train": {"micro_batch_size": shape["micro"]},
         "storage": {"root": str(root)},
+        "checkpoint": {"interval": checkpoint_interval},
     }
     t0 = time.perf_counter()
     error = None
@@ -313,6 +315,7 @@ def report(argv: list[str], info: dict, shape: dict, flow: dict, gen: dict, trn:
                        ("train (policy update task)", "time_train_s"),
                        ("sync (weights learner -> sampler)", "time_sync_s"),
                        ("sync check (logprob comparison)", "time_sync_check_s"),
+                       ("checkpoint (copy to memory; write is async)", "time_checkpoint_s"),
                        ("iteration (wall)", "time_total_s"),
                        ("orchestration overhead (time_overhead_s)", "time_overhead_s")):
         print(f"{label:<44}{_fmt(_median(steady, key), 10)}{_fmt(first.get(key), 10)}")
@@ -359,6 +362,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed repeats of each standalone baseline")
     parser.add_argument("--no-force-length", action="store_true", help="let the random model emit EOS")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (model, run folder)")
+    parser.add_argument("--checkpoint-interval", type=int, default=0,
+                        help="checkpoint.interval of the flow (default 0: none, the figures of the README)")
     parser.add_argument("--_baseline", choices=["vllm", "train"], help=argparse.SUPPRESS)
     parser.add_argument("--_args", help=argparse.SUPPRESS)
     parser.add_argument("--_out", help=argparse.SUPPRESS)
@@ -384,7 +389,7 @@ def main() -> None:
               flush=True)
 
         print(f"flow: grpo_train, {iterations} iterations ...", flush=True)
-        flow = run_flow(work / "model", work / "runs", shape, iterations, kv_mb)
+        flow = run_flow(work / "model", work / "runs", shape, iterations, kv_mb, args.checkpoint_interval)
         if flow.get("error"):
             print(flow["error"], flush=True)
 

@@ -1,9 +1,15 @@
-"""The `grpo-train` flow: per iteration rollout -> score -> train -> sync, with evaluation every `eval.interval`.
+"""The `grpo-train` flow: per iteration rollout -> score -> train -> sync, with evaluation every `eval.interval`
+and a checkpoint every `checkpoint.interval`.
 
 Engines (the policy actor, the scorer's processes) are created once per flow run. Each task returns a small
 reference with metrics; the data stays in the run folder. metrics.parquet gets one row per iteration: the row of
 iteration k describes the weights that sampled it (version before k's update), so its ``eval_accuracy`` is that of
 the policy before the update; a last row, iteration = ``iterations``, holds the final evaluation.
+
+Resume: a run name whose folder exists continues from its latest committed checkpoint (``latest.json``) with the
+learner, sampler and RNG restored, at the next iteration; stage outputs of later iterations are reused where their
+policy version matches. An engine actor that dies mid-run is recreated and restored the same way, at most
+``cluster.max_actor_restarts`` times. Storage I/O that fails transiently is retried by Prefect task retries.
 """
 from __future__ import annotations
 
@@ -13,24 +19,45 @@ from typing import Any
 
 from prefect import flow
 
-from grpo_core.config import GRPOConfig, load_config
+from grpo_core.cluster.engines import EngineLost, Engines
+from grpo_core.config import GRPOConfig, build_config, load_config
 from grpo_core.pipeline.prompts import PromptStream, PromptTokenizer
 from grpo_core.progress import Progress
 from grpo_core.report import plot_curves, summary_lines
 from grpo_core.rewards.scorer import Scorer
+from grpo_core.runs import RunStatus
 from grpo_core.storage import RunStore
+from tasks.checkpoint import begin_checkpoint, commit_checkpoint
 from tasks.context import RunContext
 from tasks.evaluate import evaluate
+from tasks.io_retry import io_retry_options
 from tasks.rollout import rollout
+from tasks.run_state import latest_checkpoint, prepare_run, record, write_status
 from tasks.score import assemble, score
 from tasks.sync import ensure_synced, sync
 from tasks.train import train
 
 
-def _build_context(cfg: GRPOConfig, store: RunStore) -> RunContext:
+class RunFailed(RuntimeError):
+    """The run cannot go on in this flow run; the message says why and where it can be resumed from."""
+
+
+class _Stages:
+    """The flow run's tasks, each with the storage retry policy of this run's config."""
+
+    def __init__(self, cfg: GRPOConfig):
+        opts = io_retry_options(cfg.storage)
+        for name, fn in (("rollout", rollout), ("score", score), ("assemble", assemble), ("train", train),
+                         ("sync", sync), ("evaluate", evaluate), ("begin_checkpoint", begin_checkpoint),
+                         ("commit_checkpoint", commit_checkpoint), ("record", record),
+                         ("write_status", write_status), ("latest_checkpoint", latest_checkpoint),
+                         ("prepare_run", prepare_run)):
+            setattr(self, name, fn.with_options(**opts))
+
+
+def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus) -> RunContext:
     from transformers import AutoTokenizer
 
-    from grpo_core.cluster.ray_cluster import create_policy_worker, start_ray
     from grpo_core.data.readers import read_prompts
 
     d = cfg.data
@@ -54,16 +81,15 @@ def _build_context(cfg: GRPOConfig, store: RunStore) -> RunContext:
         for source, rows in skipped.items():
             print(f"skipped {len(rows)} bad rows of {source} (data.on_bad_row=skip), listed in "
                   f"{store.uri}/skipped_rows.json; first: {rows[0]}")
-    start_ray(cfg)
-    worker = create_policy_worker(cfg)
+    engines = Engines(cfg)
     r = cfg.reward
     scorer = Scorer(reward_type=r.type, rewards=r.rewards, weights=r.weights, num_workers=r.num_workers,
                     timeout_s=r.timeout_s, options=r.options)
-    return RunContext(cfg=cfg, store=store, worker=worker, scorer=scorer, train_prompts=stream,
+    return RunContext(cfg=cfg, store=store, engines=engines, scorer=scorer, train_prompts=stream, status=status,
                       eval_prompts=eval_prompts)
 
 
-def _collect_batch(ctx: RunContext, iteration: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rollout then score. Dynamic sampling (algo.filter_groups) adds rounds until enough groups have mixed
     outcomes or `max_resample_times` more rounds were sampled, then assembles the batch."""
     import torch
@@ -72,18 +98,18 @@ def _collect_batch(ctx: RunContext, iteration: int) -> tuple[list[dict[str, Any]
 
     cfg = ctx.cfg
     if not cfg.algo.filter_groups:
-        ro = rollout(ctx, iteration, 0)
-        return [ro], score(ctx, iteration, ro["name"])
+        ro = stages.rollout(ctx, iteration, 0)
+        return [ro], stages.score(ctx, iteration, ro["name"])
     batch = DynamicBatch(cfg.rollout.prompts_per_iteration, cfg.algo.max_resample_times, cfg.algo.filter_range)
     rollouts, scored = [], []
     while not (batch.full or batch.exhausted):
-        ro = rollout(ctx, iteration, len(rollouts))
-        sc = score(ctx, iteration, ro["name"])
+        ro = stages.rollout(ctx, iteration, len(rollouts))
+        sc = stages.score(ctx, iteration, ro["name"])
         rollouts.append(ro)
         scored.append(sc)
         success = torch.tensor(sc.pop("group_success"), dtype=torch.float64)
         batch.add(success, list(range(success.shape[0])))
-    out = assemble(ctx, iteration, [s["name"] for s in scored])
+    out = stages.assemble(ctx, iteration, [s["name"] for s in scored])
     first = dict(scored[0])
     first.update({k: v for k, v in out.items() if k != "name"})
     first["score_seconds"] = sum(s.get("score_seconds", 0.0) for s in scored)
@@ -93,53 +119,125 @@ def _collect_batch(ctx: RunContext, iteration: int) -> tuple[list[dict[str, Any]
 @flow(name="grpo-train", log_prints=True)
 def grpo_train(config_path: str | None = None, overrides: list[str] | None = None,
                config: dict | None = None) -> dict[str, Any]:
-    """Train a policy with GRPO-family RL. Give a YAML path (+ `key=value` overrides) or a config dict."""
-    from grpo_core.cluster.ray_cluster import kill, stop_ray
-    from grpo_core.config import build_config
-
+    """Train a policy with GRPO-family RL. Give a YAML path (+ `key=value` overrides) or a config dict.
+    A run name whose folder exists is resumed from its latest checkpoint."""
     cfg = build_config(config, "<flow parameter>") if config is not None else load_config(config_path, overrides)
     store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
-    store.write_config(cfg.model_dump(mode="json"))
+    stages = _Stages(cfg)
     started = time.perf_counter()
+    plan = stages.prepare_run(cfg, store)
+    for change in plan.config_changes:
+        print(f"config change on resume: {change}")
+    if plan.finished:
+        return _already_finished(cfg, store)
     ctx = None
     try:
-        ctx = _build_context(cfg, store)
-        return _run_iterations(ctx, started)
+        ctx = _build_context(cfg, store, plan.status)
+        return _train(ctx, stages, plan.checkpoint, started)
+    except BaseException as exc:
+        try:
+            stages.write_status(store, plan.status, "failed", f"{type(exc).__name__}: {exc}")
+        except Exception as status_exc:  # noqa: BLE001 - never mask the failure itself
+            print(f"could not record the failure in status.json: {status_exc!r}")
+        raise
     finally:
         if ctx is not None:
             ctx.scorer.close()
-            kill(ctx.worker)
-        stop_ray()
+            ctx.engines.close()
 
 
-def _run_iterations(ctx: RunContext, started: float) -> dict[str, Any]:
-    from grpo_core.cluster.ray_cluster import call
+# What deployments run: a failed flow run is retried (the same flow run, same parameters) after a pause, and being
+# the same run name it resumes from the latest checkpoint. `grpo train` runs `grpo_train` without flow retries.
+grpo_train_with_retries = grpo_train.with_options(retries=2, retry_delay_seconds=60)
 
+
+def _already_finished(cfg: GRPOConfig, store: RunStore) -> dict[str, Any]:
+    metrics = store.read_metrics()
+    evals = [a for a in metrics.column("eval_accuracy").to_pylist() if a is not None] \
+        if "eval_accuracy" in metrics.column_names else []
+    lines = [f"run {cfg.run_name} already finished all {cfg.iterations} iterations; final policy in "
+             f"{store.url('final')} (raise `iterations` to extend it, or choose a new run_name)"]
+    for line in lines:
+        print(line)
+    return {"run": store.uri, "iterations": cfg.iterations, "final_folder": store.url("final"),
+            "final_eval_accuracy": evals[-1] if evals else None, "summary": lines, "resumed_from": None}
+
+
+def _train(ctx: RunContext, stages: _Stages, ref, started: float) -> dict[str, Any]:
     cfg, store = ctx.cfg, ctx.store
-    info = call(ctx.worker.info)
+    info = ctx.engines.start()
+    ctx.status.actors = {"policy": {"pid": info["pid"], "host": info["host"]}}
     print(f"engines ready in {time.perf_counter() - started:.1f}s (vLLM load {info['sampler_load_s']:.1f}s, "
           f"DeepSpeed init {info['learner_init_s']:.1f}s); run folder {store.uri}")
-    steps_per_iter = cfg.train.ppo_epochs * (cfg.batch_size // (cfg.train.mini_batch_size or cfg.batch_size))
+    resumed_from = None
+    if ref is not None:
+        restored = ctx.engines.restore(ref)
+        resumed_from = ref.name
+        print(f"resuming {cfg.run_name} from {ref.name}, policy version {ref.policy_version} "
+              f"(restored in {restored['seconds']:.1f}s; continuing at iteration {ref.next_iteration})")
+    start = ref.next_iteration if ref is not None else 0
+    while True:
+        try:
+            last_eval = _run_iterations(ctx, stages, start)
+            break
+        except EngineLost as lost:
+            ctx.pending_checkpoint = None  # its writer died with the actor; it never counts
+            ctx.status.recoveries += 1
+            where = ctx.status.latest_checkpoint
+            if ctx.status.recoveries > cfg.cluster.max_actor_restarts:
+                raise RunFailed(
+                    f"{lost}; gave up after cluster.max_actor_restarts={cfg.cluster.max_actor_restarts} "
+                    f"recoveries. Resume the run with the same run_name ({cfg.run_name}) "
+                    + (f"from {store.url('checkpoints/' + where)}" if where else "from its start (no checkpoint)")
+                ) from lost
+            info = ctx.engines.recreate()
+            ctx.status.actors = {"policy": {"pid": info["pid"], "host": info["host"]}}
+            ref = stages.latest_checkpoint(store)
+            if ref is not None:
+                ctx.engines.restore(ref)
+            start = ref.next_iteration if ref is not None else 0
+            print(f"{lost}\nrecreated it ({ctx.status.recoveries}/{cfg.cluster.max_actor_restarts}) in "
+                  f"{info['recreate_s']:.1f}s and restored "
+                  + (f"{ref.name}, policy version {ref.policy_version}" if ref else "the initial weights")
+                  + f"; continuing at iteration {start}")
+    stages.commit_checkpoint(ctx, wait=True)
+    saved = ctx.engines.save_final()
+    metrics = store.read_metrics()
+    store.put_bytes("curves.png", plot_curves(metrics))
+    stages.write_status(store, ctx.status, "finished")
+    lines = summary_lines(metrics)
+    lines.append(f"final policy (version {saved['policy_version']}) saved to {saved['folder']}")
+    lines.append(f"total wall time {time.perf_counter() - started:.1f}s; run folder {store.uri}")
+    for line in lines:
+        print(line)
+    return {"run": store.uri, "iterations": cfg.iterations, "final_folder": saved["folder"],
+            "final_eval_accuracy": last_eval["accuracy"] if last_eval else None, "summary": lines,
+            "resumed_from": resumed_from, "recoveries": ctx.status.recoveries}
+
+
+def _run_iterations(ctx: RunContext, stages: _Stages, start: int) -> dict[str, Any] | None:
+    """Iterations ``start..iterations-1`` and the final evaluation; returns the last evaluation."""
+    cfg, store = ctx.cfg, ctx.store
     do_eval = bool(ctx.eval_prompts) and cfg.eval.interval > 0
-    progress = Progress(cfg.iterations)
     last_eval: dict[str, Any] | None = None
-    with progress:
-        for it in range(cfg.iterations):
+    with Progress(cfg.iterations, completed=start) as progress:
+        for it in range(start, cfg.iterations):
             t0 = time.perf_counter()
-            row: dict[str, Any] = {"iteration": it}
-            resync = ensure_synced(ctx, expected_learner_version=it * steps_per_iter)
+            row: dict[str, Any] = {"iteration": it, "run_attempt": ctx.status.attempt}
+            resync = ensure_synced(ctx, expected_learner_version=cfg.policy_version_before(it))
             row["resynced"] = resync is not None
             row["eval_accuracy"] = None
             if do_eval and it % cfg.eval.interval == 0:
-                last_eval = evaluate(ctx, it)
+                last_eval = stages.evaluate(ctx, it)
                 row["eval_accuracy"] = last_eval["accuracy"]
                 row["time_eval_s"] = time.perf_counter() - t0
             t1 = time.perf_counter()
-            rollouts, sc = _collect_batch(ctx, it)
+            rollouts, sc = _collect_batch(ctx, stages, it)
+            _poll_checkpoint(ctx, stages)
             t2 = time.perf_counter()
-            tr = train(ctx, it)
+            tr = stages.train(ctx, it)
             t3 = time.perf_counter()
-            sy = sync(ctx, check=(it, rollouts[0]["name"]))
+            sy = stages.sync(ctx, check=(it, rollouts[0]["name"]))
             t4 = time.perf_counter()
             inside = sum(r["seconds"] for r in rollouts if not r.get("reused")) + tr["seconds"] + sy["seconds"] + \
                 sy.get("check_seconds", 0.0)
@@ -162,26 +260,36 @@ def _run_iterations(ctx: RunContext, started: float) -> dict[str, Any]:
                 "time_sync_check_s": sy.get("check_seconds"), "time_total_s": t4 - t0,
                 "time_overhead_s": (t4 - t1) - inside - _score_seconds(sc),
             })
-            store.append_metrics(row)
+            # The checkpoint of iteration `it` is only started here (a copy in memory); it is committed later,
+            # after this row is recorded, so a resume from it always finds the rows of the iterations it holds.
+            if cfg.is_checkpoint_iteration(it):
+                t5 = time.perf_counter()
+                out = stages.begin_checkpoint(ctx, it)
+                row["time_checkpoint_s"] = time.perf_counter() - t5
+                row["checkpoint_snapshot_s"] = out["snapshot_seconds"]
+            else:
+                _poll_checkpoint(ctx, stages)
+            stages.record(store, ctx.status, row)
             progress.update(row)
-        final: dict[str, Any] = {"iteration": cfg.iterations, "eval_accuracy": None}
+        final: dict[str, Any] = {"iteration": cfg.iterations, "eval_accuracy": None,
+                                 "run_attempt": ctx.status.attempt}
         if do_eval:
             t0 = time.perf_counter()
-            last_eval = evaluate(ctx, cfg.iterations)
+            last_eval = stages.evaluate(ctx, cfg.iterations)
             final.update({"eval_accuracy": last_eval["accuracy"], "time_eval_s": time.perf_counter() - t0,
                           "policy_version": last_eval["policy_version"]})
-            store.append_metrics(final)
+            stages.record(store, ctx.status, final)
             progress.update(final)
-    saved = call(ctx.worker.save_final)
-    metrics = store.read_metrics()
-    store.put_bytes("curves.png", plot_curves(metrics))
-    lines = summary_lines(metrics)
-    lines.append(f"final policy (version {saved['policy_version']}) saved to {saved['folder']}")
-    lines.append(f"total wall time {time.perf_counter() - started:.1f}s; run folder {store.uri}")
-    for line in lines:
-        print(line)
-    return {"run": store.uri, "iterations": cfg.iterations, "final_folder": saved["folder"],
-            "final_eval_accuracy": last_eval["accuracy"] if last_eval else None, "summary": lines}
+    return last_eval
+
+
+def _poll_checkpoint(ctx: RunContext, stages: _Stages) -> None:
+    """Commit the checkpoint being written as soon as its files are (a cheap actor call while it is not)."""
+    pending = ctx.pending_checkpoint
+    if pending is not None and pending.written is None:
+        pending.written = ctx.engines.checkpoint_result(wait=False)
+    if pending is not None and pending.written is not None:
+        stages.commit_checkpoint(ctx, wait=False)
 
 
 def _score_seconds(sc: dict[str, Any]) -> float:

@@ -146,6 +146,9 @@ class ClusterConfig(_Section):
     num_cpus: float = Field(default=1.0, gt=0.0, description="CPUs reserved for the policy actor")
     torch_threads: int | None = Field(default=None, ge=1, description="threads inside actors (default: all cores)")
     ray_address: str | None = Field(default=None, description="None: start a local Ray on 127.0.0.1")
+    max_actor_restarts: int = Field(
+        default=3, ge=0, description="times the flow recreates a dead engine actor from the latest checkpoint "
+                                     "before it gives up")
 
 
 class WeightsConfig(_Section):
@@ -159,6 +162,23 @@ class WeightsConfig(_Section):
 class StorageConfig(_Section):
     root: str = Field(default="runs", description="local folder or s3://bucket/prefix")
     options: dict[str, Any] = Field(default_factory=dict, description="fsspec options, e.g. client_kwargs")
+    retries: int = Field(
+        default=5, ge=0, description="Prefect retries of a stage whose run-folder I/O failed transiently "
+                                     "(connection refused, timeout, object-store error)")
+    retry_delay_s: float = Field(
+        default=1.0, ge=0.0, description="delay before the first retry; doubles each time (1, 2, 4, 8, 16 s)")
+
+    @property
+    def retry_delays(self) -> list[float]:
+        """Seconds to wait before each retry: exponential backoff."""
+        return [self.retry_delay_s * 2**i for i in range(self.retries)]
+
+
+class CheckpointConfig(_Section):
+    interval: int = Field(
+        default=10, ge=0, description="iterations between checkpoints (and always after the last one); "
+                                      "0: none but the final policy")
+    keep_last: int = Field(default=2, ge=0, description="complete checkpoints kept; 0 keeps all")
 
 
 class GRPOConfig(_Section):
@@ -175,23 +195,52 @@ class GRPOConfig(_Section):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
+    # Derived batch arithmetic: computed here once, never re-derived elsewhere.
     @property
     def batch_size(self) -> int:
         """Sequences per iteration: prompts x samples."""
         return self.rollout.prompts_per_iteration * self.rollout.samples_per_prompt
 
+    @property
+    def mini_batch_size(self) -> int:
+        """Sequences per optimizer step."""
+        return self.train.mini_batch_size or self.batch_size
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Sequences per forward/backward (never more than a mini-batch)."""
+        return min(self.train.micro_batch_size, self.mini_batch_size)
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.mini_batch_size // self.micro_batch_size
+
+    @property
+    def optimizer_steps_per_iteration(self) -> int:
+        """Policy-version increments per iteration: ppo_epochs x mini-batches."""
+        return self.train.ppo_epochs * (self.batch_size // self.mini_batch_size)
+
+    def policy_version_before(self, iteration: int) -> int:
+        """The learner's policy version when ``iteration`` starts (its rollouts are sampled with it)."""
+        return iteration * self.optimizer_steps_per_iteration
+
+    def is_checkpoint_iteration(self, iteration: int) -> bool:
+        """Whether a checkpoint is written after ``iteration``: every ``checkpoint.interval``-th and the last."""
+        every = self.checkpoint.interval
+        return every > 0 and ((iteration + 1) % every == 0 or iteration == self.iterations - 1)
+
     @model_validator(mode="after")
     def _batches_divide(self) -> "GRPOConfig":
         n = self.batch_size
-        mini = self.train.mini_batch_size or n
+        mini = self.mini_batch_size
         if n % mini:
             raise ValueError(
                 f"train.mini_batch_size={mini} must divide the batch: rollout.prompts_per_iteration x "
                 f"rollout.samples_per_prompt = {self.rollout.prompts_per_iteration} x "
                 f"{self.rollout.samples_per_prompt} = {n}")
-        micro = min(self.train.micro_batch_size, mini)
-        if mini % micro:
+        if mini % self.micro_batch_size:
             raise ValueError(
                 f"train.micro_batch_size={self.train.micro_batch_size} must divide the mini-batch "
                 f"({mini} sequences)")
@@ -208,6 +257,13 @@ class GRPOConfig(_Section):
             raise ValueError(
                 f"cluster.placement={self.cluster.placement!r} is not implemented yet; use 'colocate'")
         return self
+
+
+# Fields a resumed run may change: they decide how long the run goes on and how it is operated, never what an
+# iteration computes. Raising `iterations` extends a run (the lr schedule then spans the new total from where it is).
+RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "cluster.ray_address", "cluster.num_cpus",
+                      "cluster.torch_threads", "cluster.max_actor_restarts", "reward.num_workers",
+                      "weights.check_samples")
 
 
 class ConfigError(ValueError):

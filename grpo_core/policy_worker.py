@@ -7,11 +7,17 @@ method is one stage's work on the engines: it reads its inputs from the run fold
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import socket
+import tempfile
 import time
 from typing import Any
 
 import torch
 
+from grpo_core import checkpoint
+from grpo_core.checkpoint import CheckpointRef, CheckpointWriter, Snapshot
 from grpo_core.config import GRPOConfig
 from grpo_core.data.schemas import rollouts_table
 from grpo_core.rollout.sampler import Sample, SamplerSpec, VLLMSampler
@@ -25,9 +31,14 @@ from grpo_core.weights.inprocess import push_in_process
 _TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template", "vocab", "merges", "added_tokens")
 
 
-def _optimizer_steps_per_iteration(cfg: GRPOConfig) -> int:
-    mini = cfg.train.mini_batch_size or cfg.batch_size
-    return cfg.train.ppo_epochs * (cfg.batch_size // mini)
+def _tokenizer_snapshot(model_path: str) -> Snapshot:
+    snap = Snapshot()
+    for name in sorted(os.listdir(model_path)):
+        src = os.path.join(model_path, name)
+        if name.startswith(_TOKENIZER_FILES) and os.path.isfile(src):
+            with open(src, "rb") as fh:
+                snap.add_bytes(name, fh.read())
+    return snap
 
 
 class PolicyWorker:
@@ -46,20 +57,22 @@ class PolicyWorker:
             model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed, kv_cache_mb=cfg.rollout.kv_cache_mb,
             max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
             enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization))
-        mini = cfg.train.mini_batch_size or cfg.batch_size
-        micro = min(cfg.train.micro_batch_size, mini)
         self.learner = Learner(
             LearnerSpec(model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed,
-                        total_steps=cfg.iterations * _optimizer_steps_per_iteration(cfg),
+                        total_steps=cfg.iterations * cfg.optimizer_steps_per_iteration,
                         temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens),
-            cfg.algo, cfg.train, micro_batch_size=micro, grad_accum_steps=mini // micro)
+            cfg.algo, cfg.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
         self.startup_seconds = time.perf_counter() - started
+        self._checkpoint: CheckpointWriter | None = None
+        # (iteration, metrics) of the last update: a retried train call (its output write failed) must not step
+        # the optimizer twice.
+        self._last_train: tuple[int, dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------------------------------------ status
     def info(self) -> dict[str, Any]:
         return {"sampler_version": self.sampler.version, "learner_version": self.learner.version,
                 "sampler_load_s": self.sampler.load_seconds, "learner_init_s": self.learner.init_seconds,
-                "startup_s": self.startup_seconds}
+                "startup_s": self.startup_seconds, "pid": os.getpid(), "host": socket.gethostname()}
 
     def versions(self) -> tuple[int, int]:
         return self.sampler.version, self.learner.version
@@ -109,19 +122,24 @@ class PolicyWorker:
         return {"name": name, "rows": entry.rows, **meta}
 
     def train(self, iteration: int, name: str = "scored.parquet") -> dict[str, Any]:
-        """One policy update on the iteration's scored batch; writes train.json."""
-        table = self.store.get_table(iteration, name)
-        cols = table.select(["prompt_token_ids", "response_token_ids", "sampler_logprobs", "advantage", "kept"])
-        data = cols.to_pydict()
-        batch = pack_batch(data["prompt_token_ids"], data["response_token_ids"], data["sampler_logprobs"],
-                           data["advantage"], data["kept"], self.pad_id)
-        extra: dict[str, float] = {}
-        if self.cfg.algo.kl_in_reward:
-            batch.advantages, extra = self._kl_shaped_advantages(batch, table.column("shaped_reward").to_pylist())
-        metrics = self.learner.train_step(batch)
-        metrics.update(extra)
-        metrics["policy_version"] = self.learner.version
-        self.store.put_json(iteration, "train.json", metrics, meta={"policy_version": self.learner.version})
+        """One policy update on the iteration's scored batch; writes train.json. Called again for the same
+        iteration (a retry after the write failed), it writes the same result without stepping again."""
+        if self._last_train is not None and self._last_train[0] == iteration:
+            metrics = self._last_train[1]
+        else:
+            table = self.store.get_table(iteration, name)
+            cols = table.select(["prompt_token_ids", "response_token_ids", "sampler_logprobs", "advantage", "kept"])
+            data = cols.to_pydict()
+            batch = pack_batch(data["prompt_token_ids"], data["response_token_ids"], data["sampler_logprobs"],
+                               data["advantage"], data["kept"], self.pad_id)
+            extra: dict[str, float] = {}
+            if self.cfg.algo.kl_in_reward:
+                batch.advantages, extra = self._kl_shaped_advantages(batch, table.column("shaped_reward").to_pylist())
+            metrics = self.learner.train_step(batch)
+            metrics.update(extra)
+            metrics["policy_version"] = self.learner.version
+            self._last_train = (iteration, metrics)
+        self.store.put_json(iteration, "train.json", metrics, meta={"policy_version": metrics["policy_version"]})
         return metrics
 
     def _kl_shaped_advantages(self, batch, rewards: list[float]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -157,28 +175,60 @@ class PolicyWorker:
                  for a, b in zip(sa, la)]
         return {"sync_logprob_max_diff": max(diffs, default=0.0), "sync_checked_tokens": float(len(diffs))}
 
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def checkpoint_begin(self, iteration: int) -> dict[str, Any]:
+        """Copy the state after ``iteration`` (learner state, policy in HF format, tokenizer) to memory and start
+        writing it to ``checkpoints/iter-N/`` in the background; training may go on at once. The flow commits it
+        after ``checkpoint_result`` reports the files written."""
+        if self._checkpoint is not None and not self._checkpoint.done:
+            raise RuntimeError(f"checkpoint {self._checkpoint.folder} is still being written; commit it first")
+        started = time.perf_counter()
+        snap = self._policy_snapshot()
+        snap.update(self.learner.snapshot(rank=0))
+        snap.add_json(checkpoint.STATE, {"iteration": iteration, "next_iteration": iteration + 1,
+                                         "policy_version": self.learner.version, "seed": self.cfg.seed,
+                                         "run_name": self.cfg.run_name})
+        seconds = time.perf_counter() - started
+        self._checkpoint = CheckpointWriter(self.store, checkpoint.checkpoint_path(iteration), snap, seconds,
+                                            retry_delays=self.cfg.storage.retry_delays).start()
+        return {"folder": self._checkpoint.folder, "snapshot_seconds": seconds,
+                "policy_version": self.learner.version}
+
+    def checkpoint_result(self, wait: bool = False) -> dict[str, Any] | None:
+        """The pending checkpoint's written files (None while it is written; raises if writing failed)."""
+        if self._checkpoint is None:
+            return None
+        out = self._checkpoint.result(wait=wait)
+        if out is not None:
+            self._checkpoint = None
+        return out
+
+    def restore(self, ref: dict[str, Any]) -> dict[str, Any]:
+        """Load a committed checkpoint into the learner, then push its weights to the sampler: both serve
+        ``policy_version`` afterwards."""
+        started = time.perf_counter()
+        cref = CheckpointRef(**ref)
+        with tempfile.TemporaryDirectory(prefix="grpo-restore-") as tmp:
+            folder = checkpoint.download(self.store, cref, tmp)
+            state = checkpoint.read_state(folder)
+            self.learner.load_state(folder, rank=0, policy_version=int(state["policy_version"]))
+        self._last_train = None
+        synced = self.sync()
+        return {"seconds": time.perf_counter() - started, "policy_version": self.learner.version,
+                "sync_seconds": synced["seconds"]}
+
     def save_final(self, folder: str = "final") -> dict[str, Any]:
         """The trained policy in HF format (weights + tokenizer) under ``<run>/<folder>/``, manifest last."""
-        import json
-        import os
-        import shutil
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="grpo-final-") as tmp:
-            self.learner.save_pretrained(tmp)
-            for extra in os.listdir(self.cfg.model.path):  # tokenizer and chat template travel with the weights
-                src = os.path.join(self.cfg.model.path, extra)
-                if extra.startswith(_TOKENIZER_FILES) and os.path.isfile(src):
-                    shutil.copy(src, tmp)
-            files = {}
-            for fname in sorted(os.listdir(tmp)):
-                with open(os.path.join(tmp, fname), "rb") as fh:
-                    data = fh.read()
-                self.store.put_bytes(f"{folder}/{fname}", data)
-                files[fname] = len(data)
-        manifest = {"files": files, "policy_version": self.learner.version}
+        written = CheckpointWriter(self.store, folder, self._policy_snapshot()).start().result(wait=True)
+        manifest = {"files": {name: rec["bytes"] for name, rec in written["files"].items()},
+                    "policy_version": self.learner.version}
         self.store.put_bytes(f"{folder}/MANIFEST.json", json.dumps(manifest, indent=1).encode())
-        return {"folder": f"{self.store.uri}/{folder}", **manifest}
+        return {"folder": self.store.url(folder), **manifest}
+
+    def _policy_snapshot(self) -> Snapshot:
+        snap = self.learner.hf_snapshot()
+        snap.update(_tokenizer_snapshot(self.cfg.model.path))
+        return snap
 
     # ----------------------------------------------------------------------------------------------- checks
     def sampler_logprobs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:

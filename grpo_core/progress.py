@@ -13,12 +13,12 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 class Progress:
-    def __init__(self, total: int, console: Console | None = None):
+    def __init__(self, total: int, console: Console | None = None, completed: int = 0):
         self.console = console or Console()
         self.bar = RichProgress(TextColumn("[bold]grpo-train"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.description}"),
                                 console=self.console, transient=False)
-        self.task = self.bar.add_task("", total=total)
+        self.task = self.bar.add_task("", total=total, completed=completed)
 
     def __enter__(self) -> "Progress":
         self.bar.__enter__()

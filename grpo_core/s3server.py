@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HOST = "127.0.0.1"
 # weed mini's plugin worker dials the admin gRPC port at admin.port + 10000 whatever
@@ -147,6 +148,7 @@ class S3Server:
     process: subprocess.Popen = field(repr=False)
     start_seconds: float = 0.0
     _socket_dir: Path | None = field(default=None, repr=False)
+    _spawn: Any = field(default=None, repr=False)  # starts weed again with the same ports, data and identities
 
     @property
     def storage_options(self) -> dict:
@@ -173,9 +175,18 @@ class S3Server:
         finally:
             if self.process.poll() is not None:
                 self._remove_grpc_sockets()
-            if self._socket_dir is not None:
+            if self._socket_dir is not None:  # (re-created by restart())
                 shutil.rmtree(self._socket_dir, ignore_errors=True)
-                self._socket_dir = None
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Start a stopped server again on the same ports with the same data (an outage ending, in tests)."""
+        if self.running():
+            raise S3ServerError("restart() needs a stopped server; call stop() first")
+        deadline = time.monotonic() + timeout
+        if self._socket_dir is not None:
+            self._socket_dir.mkdir(parents=True, exist_ok=True)
+        self.process = self._spawn()
+        _wait_for_http(self.endpoint_url + "/", self.process, deadline)
 
     def _remove_grpc_sockets(self) -> None:
         """weed leaves /tmp/seaweedfs-<component>-grpc-<port>.sock behind (path fixed, not TMPDIR)."""
@@ -305,18 +316,21 @@ def start_s3_server(
     if buckets:
         args.append("-bucket=" + ",".join(buckets))
 
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            args,
-            cwd=workdir,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_set_parent_death_signal if die_with_parent else None,
-            start_new_session=not die_with_parent,
-            # glog writes weed.INFO etc. to TMPDIR: keep them beside weed.log.
-            env={**os.environ, "TMPDIR": str(workdir)},
-        )
+    def spawn() -> subprocess.Popen:
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(
+                args,
+                cwd=workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_set_parent_death_signal if die_with_parent else None,
+                start_new_session=not die_with_parent,
+                # glog writes weed.INFO etc. to TMPDIR: keep them beside weed.log.
+                env={**os.environ, "TMPDIR": str(workdir)},
+            )
+
+    process = spawn()
     server = S3Server(
         endpoint_url=f"http://{HOST}:{ports['s3']}",
         key=key,
@@ -327,6 +341,7 @@ def start_s3_server(
         buckets=tuple(buckets),
         process=process,
         _socket_dir=socket_dir,
+        _spawn=spawn,
     )
     deadline = started + timeout
     try:

@@ -23,12 +23,14 @@ Layout (``<root>/<run_name>/``)::
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import os
 import posixpath
 import re
+import shutil
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -89,6 +91,35 @@ class StorageError(OSError):
     """A run-folder file exists but cannot be understood (e.g. a manifest that is not JSON)."""
 
 
+_TRANSIENT_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE,
+                     errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EAGAIN}
+# Exception classes of the object-store client stack (botocore, aiohttp, fsspec) that mean "the service did not
+# answer", matched by module and name so that this module does not import them.
+_TRANSIENT_CLASSES = {("botocore.exceptions", "ConnectionError"), ("botocore.exceptions", "HTTPClientError"),
+                      ("aiohttp.client_exceptions", "ClientConnectionError"),
+                      ("aiohttp.client_exceptions", "ServerTimeoutError"), ("fsspec.exceptions", "FSTimeoutError")}
+
+
+def is_transient_io_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or anything in its cause chain, including the cause an actor raised) is the storage service
+    not answering (connection refused or reset, timeout): worth retrying, unlike a missing file or a bad value."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            return True
+        if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+            return True
+        if any((c.__module__, c.__name__) in _TRANSIENT_CLASSES for c in type(e).__mro__):
+            return True
+        todo.extend([e.__cause__, e.__context__, getattr(e, "cause", None)])
+    return False
+
+
 def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
@@ -123,6 +154,15 @@ def _json_bytes(obj: Any, what: str) -> bytes:
 
 def _is_number(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def _lookup_dotted(tree: Any, dotted: str) -> str:
+    node = tree
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return "(absent)"
+        node = node[key]
+    return json.dumps(node)
 
 
 def _dict_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -180,6 +220,7 @@ class RunStore:
         """Forget cached listings (s3fs caches them) so other writers' files are seen."""
         if not self._local:
             self._fs.invalidate_cache(path)
+            self._fs.invalidate_cache(posixpath.dirname(path))
 
     def _write_atomic(self, path: str, data: bytes) -> None:
         """Write ``data`` so that ``path`` holds either the old content or all of the new."""
@@ -232,6 +273,103 @@ class RunStore:
         path = self._path(rel_path)
         self._refresh(posixpath.dirname(path))
         return bool(self._fs.exists(path))
+
+    def get_json_file(self, rel_path: str) -> Any | None:
+        """A run-level JSON document (latest.json, status.json); None when it does not exist."""
+        path = self._path(rel_path)
+        try:
+            raw = self._read(path)
+        except FileNotFoundError:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise StorageError(f"{self._url(path)}: not valid JSON: {exc}") from exc
+
+    def put_json_file(self, rel_path: str, obj: Any) -> None:
+        """Write a run-level JSON document atomically."""
+        path = self._path(rel_path)
+        self._write_atomic(path, _json_bytes(obj, self._url(path)))
+
+    # ------------------------------------------------------- whole files and folders (checkpoints)
+    @property
+    def is_local(self) -> bool:
+        return self._local
+
+    def local_path(self, rel_path: str) -> str | None:
+        """The absolute local path of ``rel_path`` when the run folder is on a local disk, else None."""
+        return self._path(rel_path) if self._local else None
+
+    def url(self, rel_path: str) -> str:
+        return self._url(self._path(rel_path))
+
+    def put_file(self, rel_path: str, local_file: str) -> None:
+        """Copy a local file into the run folder, streamed (large checkpoint files never sit in memory whole).
+        Locally the copy goes to a temporary name and is renamed into place."""
+        path = self._path(rel_path)
+        if self._local:
+            if os.path.abspath(local_file) == os.path.abspath(path):
+                return
+            parent = posixpath.dirname(path)
+            os.makedirs(parent, exist_ok=True)
+            tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+            try:
+                shutil.copyfile(local_file, tmp)
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        else:
+            self._fs.put_file(local_file, path)
+            self._refresh(posixpath.dirname(path))
+
+    def get_file(self, rel_path: str, local_file: str) -> None:
+        """Copy a file of the run folder to a local path."""
+        path = self._path(rel_path)
+        os.makedirs(os.path.dirname(os.path.abspath(local_file)), exist_ok=True)
+        self._refresh(posixpath.dirname(path))
+        self._fs.get_file(path, local_file)
+
+    def list_files(self, rel_dir: str) -> dict[str, int]:
+        """Every file under ``rel_dir`` (recursive) as ``{path relative to rel_dir: size}``; {} if absent.
+        Folder markers (some S3 servers keep empty "directories") are not files."""
+        base = self._path(rel_dir)
+        self._refresh(base)
+        try:
+            found = self._fs.find(base, detail=True)
+        except FileNotFoundError:
+            return {}
+        base_norm = posixpath.normpath(base)
+        out = {}
+        for p, info in found.items():
+            if info.get("type") == "directory":
+                continue
+            rel = posixpath.relpath(posixpath.normpath(self._fs._strip_protocol(p)), base_norm)
+            if rel != "." and not rel.startswith(".."):
+                out[rel] = int(info.get("size") or 0)
+        return out
+
+    def list_dirs(self, rel_dir: str) -> list[str]:
+        """Names of the folders directly under ``rel_dir`` that hold at least one file (sorted)."""
+        return sorted({rel.split("/", 1)[0] for rel in self.list_files(rel_dir) if "/" in rel})
+
+    def delete(self, rel_path: str) -> None:
+        """Remove a file or a folder (recursively); nothing if absent."""
+        path = self._path(rel_path)
+        self._refresh(posixpath.dirname(path))
+        if self._local:
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.unlink(path)
+            return
+        try:
+            self._fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+        self._refresh(path)
+        self._refresh(posixpath.dirname(path))
 
     # -------------------------------------------------------------- manifest
     def _manifest_path(self, iteration: int) -> str:
@@ -373,20 +511,45 @@ class RunStore:
         except ValueError as exc:
             raise StorageError(f"{self._url(path)}: not valid JSON: {exc}") from exc
 
-    def write_config(self, config: dict) -> None:
-        """Write config.json once; on resume the same config is a no-op, a different one raises."""
+    def check_config(self, config: dict, may_change: Iterable[str] = ()) -> list[str]:
+        """Compare ``config`` with config.json (see ``write_config``) without writing anything: returns the
+        allowed changes as ``["key: old -> new", ...]``, raises ConfigConflict for any other difference."""
         path = self._path(CONFIG)
-        data = _json_bytes(config, self._url(path))
-        normalized = json.loads(data)
+        normalized = json.loads(_json_bytes(config, self._url(path)))
         existing = self.read_config()
         if existing is None:
-            self._write_atomic(path, data)
-            return
+            return []
+        allowed = tuple(may_change)
+
+        def covered(key: str) -> bool:
+            return any(key == a or key.startswith(a + ".") for a in allowed)
+
+        def describe(key: str) -> str:
+            return f"{key}: {_lookup_dotted(existing, key)} -> {_lookup_dotted(normalized, key)}"
+
         differing = _dict_diff(existing, normalized)
-        if differing:
+        conflicts = [describe(k) for k in differing if not covered(k)]
+        if conflicts:
             raise ConfigConflict(
-                f"{self._url(path)} already holds a different config; differing keys: {', '.join(differing)}"
+                f"{self._url(path)} holds the config this run was started with, and these fields differ: "
+                + "; ".join(conflicts) + ". Start a new run (another run_name) to change them."
             )
+        return [describe(k) for k in differing]
+
+    def write_config(self, config: dict, may_change: Iterable[str] = ()) -> list[str]:
+        """Write config.json. On an existing run the same config is a no-op; differences only in fields listed in
+        ``may_change`` (dotted keys; a section name covers the section) are written and returned as
+        ``["key: old -> new", ...]``; any other difference raises ConfigConflict naming each field with its
+        stored and new value."""
+        path = self._path(CONFIG)
+        data = _json_bytes(config, self._url(path))
+        if self.read_config() is None:
+            self._write_atomic(path, data)
+            return []
+        changes = self.check_config(config, may_change)
+        if changes:
+            self._write_atomic(path, data)
+        return changes
 
     # --------------------------------------------------------------- metrics
     def read_metrics(self) -> pa.Table:
@@ -401,6 +564,16 @@ class RunStore:
         except (pa.ArrowInvalid, OSError) as exc:
             raise StorageError(f"{self._url(path)}: unreadable parquet: {exc}") from exc
         return table.sort_by(ITERATION_KEY)
+
+    def truncate_metrics(self, first_dropped: int) -> int:
+        """Drop the rows of iterations >= ``first_dropped`` (a resumed run redoes them); returns how many."""
+        old = self.read_metrics()
+        kept = old.filter(pc.less(old[ITERATION_KEY], pa.scalar(first_dropped, pa.int64())))
+        if kept.num_rows != old.num_rows:
+            sink = io.BytesIO()
+            pq.write_table(kept, sink)
+            self._write_atomic(self._path(METRICS), sink.getvalue())
+        return old.num_rows - kept.num_rows
 
     def append_metrics(self, row: dict) -> None:
         """Add one iteration's metrics; a row for an existing iteration replaces it.
@@ -448,6 +621,7 @@ class RunStore:
 
 __all__ = [
     "ConfigConflict",
+    "is_transient_io_error",
     "ManifestEntry",
     "MetricsSchemaError",
     "RunStore",

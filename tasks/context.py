@@ -1,23 +1,36 @@
 """What the tasks of one flow run share: the config, the run folder, the long-lived engines and the scorer.
 
-Created once per flow run; tasks receive it and never rebuild an engine.
+Created once per flow run; tasks receive it and never rebuild an engine. ``pending_checkpoint`` is the checkpoint
+whose files are being written in the background and not yet committed; ``status`` is the run's status.json.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_core.cluster.engines import Engines
 from grpo_core.config import GRPOConfig
 from grpo_core.pipeline.prompts import PromptStream
 from grpo_core.rewards.scorer import Scorer
+from grpo_core.runs import RunStatus
 from grpo_core.storage import RunStore
+
+
+@dataclass
+class PendingCheckpoint:
+    iteration: int
+    policy_version: int
+    snapshot_seconds: float
+    written: dict[str, Any] | None = None    # the writer's result, kept until the commit succeeded
 
 
 @dataclass
 class RunContext:
     cfg: GRPOConfig
     store: RunStore
-    worker: Any                      # Ray actor handle of grpo_core.policy_worker.PolicyWorker
+    engines: Engines
     scorer: Scorer
     train_prompts: PromptStream
+    status: RunStatus
     eval_prompts: list[dict[str, Any]] = field(default_factory=list)
+    pending_checkpoint: PendingCheckpoint | None = None

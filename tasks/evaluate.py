@@ -6,7 +6,6 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from grpo_core.cluster.ray_cluster import call
 from grpo_core.pipeline.scoring import score_table, with_rewards
 from tasks.context import RunContext
 
@@ -14,7 +13,7 @@ from tasks.context import RunContext
 @task(name="evaluate", cache_policy=NONE)
 def evaluate(ctx: RunContext, iteration: int) -> dict[str, Any]:
     ev = ctx.cfg.eval
-    gen = call(ctx.worker.generate_eval, iteration, ctx.eval_prompts, ev.greedy, ev.samples_per_prompt)
+    gen = ctx.engines.generate_eval(iteration, ctx.eval_prompts, ev.greedy, ev.samples_per_prompt)
     table = ctx.store.get_table(iteration, gen["name"])
     results, metrics = score_table(table, ctx.scorer, ctx.cfg.rollout.max_new_tokens)
     scored = with_rewards(table, results)

@@ -6,7 +6,6 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from grpo_core.cluster.ray_cluster import call
 from tasks.context import RunContext
 
 
@@ -14,4 +13,4 @@ from tasks.context import RunContext
 def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> dict[str, Any]:
     prompts = ctx.train_prompts.batch(iteration, round_)
     name = "rollouts.parquet" if not ctx.cfg.algo.filter_groups else f"rollouts-r{round_}.parquet"
-    return call(ctx.worker.rollout, iteration, prompts, name=name, seed_offset=round_ * len(prompts))
+    return ctx.engines.rollout(iteration, prompts, name=name, seed_offset=round_ * len(prompts))

@@ -6,10 +6,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from grpo_core.cluster.ray_cluster import call
 from tasks.context import RunContext
 
 
 @task(name="train", cache_policy=NONE)
 def train(ctx: RunContext, iteration: int) -> dict[str, Any]:
-    return call(ctx.worker.train, iteration)
+    return ctx.engines.train(iteration)

@@ -30,6 +30,10 @@ def test_defaults_resolve_and_batch_size_is_prompts_times_samples():
     ("train", {"zero_stage": 5}, "train.zero_stage"),
     ("algo", {"clip_eps_low": 1.5}, "algo.clip_eps_low"),
     ("reward", {"type": "regex"}, "reward.type"),
+    ("checkpoint", {"interval": -1}, "checkpoint.interval"),
+    ("checkpoint", {"keep_last": -2}, "checkpoint.keep_last"),
+    ("cluster", {"max_actor_restarts": -1}, "cluster.max_actor_restarts"),
+    ("storage", {"retries": -1}, "storage.retries"),
 ])
 def test_invalid_values_name_the_field(section, values, field):
     with pytest.raises(ConfigError) as err:
@@ -101,3 +105,16 @@ def test_cli_reports_config_errors_with_exit_code_2(tmp_path, capsys):
     bad.write_text(yaml.safe_dump(_tree(train={"lr": 0})))
     assert cli_main(["train", "--config", str(bad)]) == 2
     assert "train.lr" in capsys.readouterr().err
+
+
+def test_derived_batch_arithmetic_and_checkpoint_cadence():
+    cfg = build_config(_tree(rollout={"prompts_per_iteration": 4, "samples_per_prompt": 8},
+                             train={"mini_batch_size": 16, "micro_batch_size": 4, "ppo_epochs": 2},
+                             checkpoint={"interval": 3}), "t")
+    assert (cfg.batch_size, cfg.mini_batch_size, cfg.micro_batch_size, cfg.grad_accum_steps) == (32, 16, 4, 4)
+    assert cfg.optimizer_steps_per_iteration == 4 and cfg.policy_version_before(5) == 20
+    cfg = cfg.model_copy(update={"iterations": 8})
+    assert [it for it in range(8) if cfg.is_checkpoint_iteration(it)] == [2, 5, 7]  # every 3rd and the last
+    assert cfg.storage.retry_delays == [1.0, 2.0, 4.0, 8.0, 16.0]
+    off = build_config(_tree(checkpoint={"interval": 0}))
+    assert not any(off.is_checkpoint_iteration(it) for it in range(off.iterations))

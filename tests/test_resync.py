@@ -13,18 +13,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_stale_sampler_is_detected_and_resynced(tiny_model, tmp_path, prefect_harness):
-    from grpo_core.cluster.ray_cluster import call, create_policy_worker, kill, start_ray, stop_ray
+    from grpo_core.cluster.engines import Engines
     from grpo_core.rewards.scorer import Scorer
+    from grpo_core.runs import RunStatus
     from tasks.context import RunContext
     from tasks.sync import ensure_synced, sync
 
     cfg = build_config(tiny_config(tiny_model, str(tmp_path), rollout__prompts_per_iteration=1,
                                    train__micro_batch_size=4))
-    start_ray(cfg)
-    worker = create_policy_worker(cfg)
+    engines = Engines(cfg)
+    engines.start()
     try:
-        ctx = RunContext(cfg=cfg, store=RunStore(str(tmp_path), cfg.run_name), worker=worker,
-                         scorer=Scorer(num_workers=1), train_prompts=None)
+        ctx = RunContext(cfg=cfg, store=RunStore(str(tmp_path), cfg.run_name), engines=engines,
+                         scorer=Scorer(num_workers=1), train_prompts=None, status=RunStatus())
         # One update with non-zero advantages so the learner's weights differ from the model on disk.
         prompt = list(range(3, 20))
         rows = [{"iteration": 0, "prompt_id": 0, "group_id": 0, "sample_idx": i, "prompt_token_ids": prompt,
@@ -36,24 +37,23 @@ def test_stale_sampler_is_detected_and_resynced(tiny_model, tmp_path, prefect_ha
         table = table.append_column("kept", pa.array([True] * 4))
         ctx.store.put_table(0, "rollouts.parquet", rollouts_table(rows, [{}] * 4))
         ctx.store.put_table(0, "scored.parquet", table)
-        call(worker.train, 0)
+        engines.train(0)
         sync(ctx, check=(0, "rollouts.parquet"))
-        assert call(worker.versions) == (1, 1)
-        in_sync = call(worker.check_sync, 0, "rollouts.parquet", 4)["sync_logprob_max_diff"]
+        assert engines.versions() == (1, 1)
+        in_sync = engines.check_sync(0, "rollouts.parquet", 4)["sync_logprob_max_diff"]
         assert in_sync < 1e-4
 
         # The sampler comes back with the original weights (as a restarted sampler would) ...
-        call(worker.serve_checkpoint, tiny_model, 0)
-        stale = call(worker.check_sync, 0, "rollouts.parquet", 4)["sync_logprob_max_diff"]
+        engines.serve_checkpoint(tiny_model, 0)
+        stale = engines.check_sync(0, "rollouts.parquet", 4)["sync_logprob_max_diff"]
         assert stale > 1e-3, "the test needs weights that differ from the checkpoint"
         # ... the version check notices and re-syncs, and the two agree again.
         assert ensure_synced(ctx, expected_learner_version=1) is not None
-        assert call(worker.versions) == (1, 1)
-        assert call(worker.check_sync, 0, "rollouts.parquet", 4)["sync_logprob_max_diff"] < 1e-4
+        assert engines.versions() == (1, 1)
+        assert engines.check_sync(0, "rollouts.parquet", 4)["sync_logprob_max_diff"] < 1e-4
         assert ensure_synced(ctx, expected_learner_version=1) is None  # nothing to do when versions agree
         with pytest.raises(RuntimeError, match="lost its state"):
             ensure_synced(ctx, expected_learner_version=5)
         ctx.scorer.close()
     finally:
-        kill(worker)
-        stop_ray()
+        engines.close()

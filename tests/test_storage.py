@@ -218,10 +218,33 @@ def test_write_config_once(make_store):
     store.write_config(dict(config))  # resume with the same config: fine
     assert store.read_config() == config
     changed = {"model": {"name": "tiny", "lr": 2e-5}, "seed": 1, "group_size": 8, "extra": True}
-    with pytest.raises(ConfigConflict, match=r"config\.json.*model\.lr, extra|extra.*model\.lr") as info:
+    with pytest.raises(ConfigConflict, match=r"config\.json.*extra: \(absent\) -> true; model\.lr: 1e-05 -> 2e-05"
+                       ) as info:
         store.write_config(changed)
-    assert "seed" not in str(info.value).split("differing keys:")[1]
+    assert "seed" not in str(info.value).split("differ:")[1]
     assert store.read_config() == config
+    # Fields the caller allows to change (a whole section or one dotted key) are written and reported.
+    longer = {"model": {"name": "tiny", "lr": 1e-5}, "seed": 1, "group_size": 16}
+    assert store.write_config(longer, may_change=["group_size"]) == ["group_size: 8 -> 16"]
+    assert store.read_config() == longer
+    with pytest.raises(ConfigConflict, match="model.lr"):
+        store.write_config(changed, may_change=["group_size", "extra"])
+
+
+def test_run_level_files_and_folders(make_store):
+    store = make_store()
+    assert store.get_json_file("latest.json") is None
+    store.put_json_file("latest.json", {"iteration": 3})
+    assert store.get_json_file("latest.json") == {"iteration": 3}
+    store.put_bytes("checkpoints/iter-000001/a.bin", b"x" * 10)
+    store.put_bytes("checkpoints/iter-000001/learner/b.pt", b"y" * 3)
+    store.put_bytes("checkpoints/iter-000003/a.bin", b"z")
+    assert store.list_dirs("checkpoints") == ["iter-000001", "iter-000003"]
+    assert store.list_files("checkpoints/iter-000001") == {"a.bin": 10, "learner/b.pt": 3}
+    assert store.list_files("checkpoints/iter-000099") == {}
+    store.delete("checkpoints/iter-000001")
+    assert store.list_dirs("checkpoints") == ["iter-000003"]
+    store.delete("checkpoints/iter-000001")  # absent: nothing to do
 
 
 def test_put_bytes_and_exists(make_store):
@@ -286,3 +309,12 @@ def test_s3_server_binds_loopback_only(s3_server):
     with socket.create_connection((url.hostname, url.port), timeout=2):
         pass
     assert s3_server["start_seconds"] < 15
+
+
+def test_truncate_metrics_drops_rows_from_an_iteration_on(make_store):
+    store = make_store()
+    for it in range(5):
+        store.append_metrics({"iteration": it, "loss": float(it)})
+    assert store.truncate_metrics(3) == 2
+    assert store.read_metrics()["iteration"].to_pylist() == [0, 1, 2]
+    assert store.truncate_metrics(3) == 0

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import math
 import os
+import random
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 from grpo_core.algo import (
     aggregate_loss, entropy_from_logits, kl_penalty, loss_denominator, policy_loss, truncated_is_weights,
 )
+from grpo_core.checkpoint import Snapshot
 from grpo_core.config import AlgoConfig, TrainConfig
 from grpo_core.train.batch import TokenBatch, token_logprobs
+
+# DeepSpeed's checkpoint tag: its files live under <checkpoint>/learner/.
+LEARNER_TAG = "learner"
 
 
 @dataclass(frozen=True)
@@ -213,8 +220,101 @@ class Learner:
         for name, tensor in self.engine.module.state_dict().items():
             yield name, tensor.detach()
 
-    def save_pretrained(self, path: str) -> None:
-        self.engine.module.save_pretrained(path, safe_serialization=True)
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def snapshot(self, rank: int = 0) -> Snapshot:
+        """The learner's whole state, copied to CPU memory now: DeepSpeed's own checkpoint (module, optimizer
+        partitions, lr scheduler, step counters) and this rank's RNG states, as files under ``learner/``.
+
+        DeepSpeed's ``save_checkpoint`` runs as usual (it is a collective across ranks) but with a checkpoint
+        engine that clones each state instead of writing it; the copies are written later by a
+        ``CheckpointWriter`` while training goes on."""
+        capture = _CloningCheckpointEngine()
+        default = self.engine.checkpoint_engine
+        staging = tempfile.mkdtemp(prefix="grpo-ds-save-")  # DeepSpeed copies its recovery scripts in here
+        self.engine.checkpoint_engine = capture
+        try:
+            self.engine.save_checkpoint(staging, tag=LEARNER_TAG, save_latest=False)
+        finally:
+            self.engine.checkpoint_engine = default
+            shutil.rmtree(staging, ignore_errors=True)
+        snap = Snapshot()
+        for path, state in capture.saved:
+            snap.add_torch(os.path.relpath(path, staging), state)
+        snap.add_torch(f"{LEARNER_TAG}/rng-rank-{rank}.pt", _rng_state())
+        return snap
+
+    def hf_snapshot(self) -> Snapshot:
+        """The policy in HF format (one safetensors file + config), copied now; transformers and vLLM load it."""
+        module = self.engine.module
+        tensors = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in module.state_dict().items()}
+        if getattr(module.config, "tie_word_embeddings", False):
+            tensors.pop("lm_head.weight", None)  # the embedding is the output layer; HF drops the tied copy too
+        snap = Snapshot()
+        snap.add_safetensors("model.safetensors", tensors)
+        snap.add_bytes("config.json", module.config.to_json_string().encode())
+        if getattr(module, "generation_config", None) is not None:
+            snap.add_bytes("generation_config.json", module.generation_config.to_json_string().encode())
+        return snap
+
+    def load_state(self, folder: str, rank: int, policy_version: int) -> None:
+        """Restore what ``snapshot`` saved (``folder`` holds ``learner/``) and serve it as ``policy_version``."""
+        path, _ = self.engine.load_checkpoint(folder, tag=LEARNER_TAG, load_module_strict=True,
+                                              load_optimizer_states=True, load_lr_scheduler_states=True)
+        if path is None:
+            raise FileNotFoundError(f"{folder}/{LEARNER_TAG}: DeepSpeed found no checkpoint to load")
+        _set_rng_state(torch.load(os.path.join(folder, LEARNER_TAG, f"rng-rank-{rank}.pt"), weights_only=False))
+        self.version = policy_version
+
+
+class _CloningCheckpointEngine:
+    """A DeepSpeed checkpoint engine that keeps a CPU copy of every state it is asked to save."""
+
+    def __init__(self):
+        self.saved: list[tuple[str, Any]] = []
+
+    def create(self, info) -> None:
+        pass
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        os.makedirs(path, exist_ok=exist_ok)
+
+    def save(self, state_dict, path: str) -> None:
+        from deepspeed.checkpoint.utils import clone_tensors_for_torch_save
+
+        self.saved.append((path, clone_tensors_for_torch_save(state_dict)))
+
+    def load(self, path: str, map_location=None):
+        return torch.load(path, map_location=map_location, weights_only=False)
+
+    def commit(self, info) -> bool:
+        return True
+
+    def is_decoupled(self) -> bool:
+        return False
+
+    def preserves_storage_sharing(self) -> bool:
+        return False  # every tensor is cloned on its own already
+
+    def is_data_parallel_writer(self, dp_rank: int) -> bool:
+        return dp_rank == 0
+
+    def cleanup(self) -> None:
+        pass
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:

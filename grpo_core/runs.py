@@ -1,0 +1,119 @@
+"""What a run folder says about its run: ``status.json`` (written by the flow), and the summaries `grpo runs`
+prints.
+
+Why: an operator with many runs under one root needs to see at a glance which are running, finished or failed,
+where each one stopped and where it can be resumed from, without opening parquet files. A run killed with SIGKILL
+cannot record its end; its status stays "running" with a stale heartbeat, and a run on this host whose process is
+gone is shown as "interrupted".
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import fsspec
+
+from grpo_core import checkpoint
+from grpo_core.storage import CONFIG, RunStore
+
+STATUS = "status.json"
+FINAL_MANIFEST = "final/MANIFEST.json"
+
+
+@dataclass
+class RunStatus:
+    """The content of ``status.json``: written when a flow run starts, after every iteration and at its end."""
+
+    state: str = "running"                      # running | finished | failed
+    attempt: int = 0                            # 0 for the first start, +1 for every resume
+    iteration: int | None = None                # the last iteration whose metrics row is written
+    iterations: int = 0                         # the configured total
+    pid: int = field(default_factory=os.getpid)
+    host: str = field(default_factory=socket.gethostname)
+    started_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    recoveries: int = 0                         # engine actors recreated in this attempt
+    latest_checkpoint: str | None = None
+    error: str | None = None
+    actors: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, store: RunStore) -> None:
+        self.updated_at = time.time()
+        store.put_json_file(STATUS, asdict(self))
+
+
+def read_status(store: RunStore) -> RunStatus | None:
+    doc = store.get_json_file(STATUS)
+    if not isinstance(doc, dict):
+        return None
+    known = {k: v for k, v in doc.items() if k in RunStatus.__dataclass_fields__}
+    return RunStatus(**known)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class RunSummary:
+    name: str
+    status: str
+    iteration: int | None           # last iteration with a metrics row
+    iterations: int | None          # configured total
+    eval_accuracy: float | None     # last evaluation
+    latest_checkpoint: str | None   # what a resume would start from
+    policy_version: int | None
+    attempt: int | None
+    updated_at: float | None
+    error: str | None = None
+
+
+def effective_state(status: RunStatus | None) -> str:
+    if status is None:
+        return "unknown"
+    if status.state == "running" and status.host == socket.gethostname() and not _process_alive(status.pid):
+        return "interrupted"
+    return status.state
+
+
+def summarize(store: RunStore) -> RunSummary:
+    status = read_status(store)
+    config = store.read_config() or {}
+    metrics = store.read_metrics().to_pylist()
+    trained = [r for r in metrics if r.get("reward_mean") is not None]
+    evals = [r for r in metrics if r.get("eval_accuracy") is not None]
+    ref = checkpoint.latest(store)
+    return RunSummary(
+        name=store.run_name, status=effective_state(status),
+        iteration=trained[-1]["iteration"] if trained else None, iterations=config.get("iterations"),
+        eval_accuracy=evals[-1]["eval_accuracy"] if evals else None,
+        latest_checkpoint=ref.name if ref else None, policy_version=ref.policy_version if ref else None,
+        attempt=status.attempt if status else None, updated_at=status.updated_at if status else None,
+        error=status.error if status else None)
+
+
+def list_runs(root: str, storage_options: dict | None = None) -> list[RunSummary]:
+    """A summary of every run folder (a folder with config.json) directly under ``root``."""
+    fs, base = fsspec.core.url_to_fs(root, **(storage_options or {}))
+    try:
+        entries = fs.ls(base, detail=True)
+    except FileNotFoundError:
+        return []
+    out = []
+    for entry in sorted(entries, key=lambda e: e["name"]):
+        name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+        if entry.get("type") != "directory" or name.startswith("."):
+            continue
+        store = RunStore(root, name, storage_options)
+        if store.exists(CONFIG):
+            out.append(summarize(store))
+    return out

@@ -1,0 +1,81 @@
+"""Tasks that read and write the run folder's own state: the resume plan, the per-iteration record, the end.
+
+They are tasks (not plain calls in the flow) so that their I/O gets the flow run's storage retries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from grpo_core import checkpoint
+from grpo_core.checkpoint import CheckpointRef
+from grpo_core.config import RESUME_SAFE_FIELDS, ConfigError, GRPOConfig
+from grpo_core.runs import FINAL_MANIFEST, RunStatus, read_status
+from grpo_core.storage import RunStore
+
+
+@dataclass
+class RunPlan:
+    """Where a flow run starts: a fresh run, a resume from a checkpoint, or a run that is already finished."""
+
+    status: RunStatus
+    checkpoint: CheckpointRef | None
+    start_iteration: int
+    config_changes: list[str]
+    existed: bool
+    finished: bool
+
+
+@task(name="prepare-run", cache_policy=NONE)
+def prepare_run(cfg: GRPOConfig, store: RunStore) -> RunPlan:
+    """Record the config (an existing run refuses changes that alter the result), find the checkpoint to resume
+    from, drop metrics rows of iterations that will be redone, and mark the run as running."""
+    existed = store.read_config() is not None
+    changes = store.write_config(cfg.model_dump(mode="json"), may_change=RESUME_SAFE_FIELDS)
+    previous = read_status(store)
+    ref = checkpoint.latest(store) if existed else None
+    if ref is not None and ref.next_iteration > cfg.iterations:
+        raise ConfigError(f"iterations={cfg.iterations}, but run {store.run_name} has already trained through "
+                          f"iteration {ref.iteration} ({store.url(ref.path)}); set iterations >= "
+                          f"{ref.next_iteration} or start a new run name")
+    finished = (previous is not None and previous.state == "finished" and previous.iterations == cfg.iterations
+                and store.exists(FINAL_MANIFEST))
+    start = ref.next_iteration if ref is not None else 0
+    status = RunStatus(state="running", attempt=(previous.attempt + 1) if previous else 0,
+                       iterations=cfg.iterations, iteration=start - 1 if start else None,
+                       latest_checkpoint=ref.name if ref else None)
+    if finished:
+        status = previous
+    else:
+        store.truncate_metrics(start)
+        status.write(store)
+    return RunPlan(status=status, checkpoint=ref, start_iteration=start, config_changes=changes, existed=existed,
+                   finished=finished)
+
+
+@task(name="latest-checkpoint", cache_policy=NONE)
+def latest_checkpoint(store: RunStore, drop_metrics_from_resume: bool = True) -> CheckpointRef | None:
+    """The checkpoint an in-flow recovery restores (None: start over from the initial weights)."""
+    ref = checkpoint.latest(store)
+    if drop_metrics_from_resume:
+        store.truncate_metrics(ref.next_iteration if ref else 0)
+    return ref
+
+
+@task(name="record", cache_policy=NONE)
+def record(store: RunStore, status: RunStatus, row: dict[str, Any]) -> None:
+    """Append an iteration's metrics row (replacing one for the same iteration) and the heartbeat."""
+    store.append_metrics(row)
+    if row.get("reward_mean") is not None:
+        status.iteration = row["iteration"]
+    status.write(store)
+
+
+@task(name="write-status", cache_policy=NONE)
+def write_status(store: RunStore, status: RunStatus, state: str, error: str | None = None) -> None:
+    status.state = state
+    status.error = error
+    status.write(store)

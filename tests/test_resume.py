@@ -1,0 +1,387 @@
+"""Resume after failure, on the real stack with the tiny model.
+
+One uninterrupted run is the reference. Every other run here is hurt in one way (the flow's whole process tree
+SIGKILLed between stages or mid-training, a checkpoint left half-written, the policy actor killed, a config
+changed) and must end with bit-identical final weights and the same learning metrics, one row per iteration.
+The run on a real S3 server whose service goes away for 10 s lives in test_flow_s3.py.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from grpo_core import checkpoint
+from grpo_core.storage import RunStore
+from tests.conftest import REPO, tiny_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+ITERATIONS = 6
+# Two optimizer steps per iteration (2 mini-batches), so a kill after scoring lands inside a multi-step update.
+SHAPE = dict(iterations=ITERATIONS, rollout__prompts_per_iteration=4, rollout__samples_per_prompt=4,
+             train__mini_batch_size=8, train__micro_batch_size=8, train__lr=1e-3, eval__interval=3,
+             eval__max_prompts=8, checkpoint__interval=2, checkpoint__keep_last=2)
+# Columns that describe learning (timings and bookkeeping differ between runs by nature).
+LEARNING = ("iteration", "policy_version", "reward_mean", "accuracy_mean", "loss", "grad_norm", "lr", "clipfrac",
+            "approx_kl", "entropy", "response_length_mean", "eval_accuracy")
+
+
+def _config(tiny_model: str, root: Path, run_name: str, **extra) -> dict:
+    return tiny_config(tiny_model, str(root), run_name=run_name, **{**SHAPE, **extra})
+
+
+def _final_weights(root: Path, run: str) -> dict[str, torch.Tensor]:
+    return load_file(str(root / run / "final" / "model.safetensors"))
+
+
+def _learning_rows(root: Path, run: str) -> list[dict]:
+    rows = RunStore(str(root), run).read_metrics().to_pylist()
+    return [{k: r.get(k) for k in LEARNING} for r in rows]
+
+
+def _assert_same_run(root: Path, run: str, ref_root: Path, ref_run: str) -> None:
+    a, b = _final_weights(ref_root, ref_run), _final_weights(root, run)
+    assert a.keys() == b.keys()
+    differing = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differing, f"final weights differ from the uninterrupted run in {differing}"
+    assert _learning_rows(root, run) == _learning_rows(ref_root, ref_run)
+    iterations = [r["iteration"] for r in _learning_rows(root, run)]
+    assert iterations == list(range(ITERATIONS + 1)), "exactly one metrics row per iteration (+ the final eval)"
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model, tmp_path_factory, prefect_harness):
+    from flows.grpo_train import grpo_train
+
+    root = tmp_path_factory.mktemp("reference")
+    result = grpo_train(config=_config(tiny_model, root, "ref"))
+    assert result["resumed_from"] is None
+    return root
+
+
+# ------------------------------------------------------------------------------------------- subprocess runs
+
+def _api_env() -> dict[str, str]:
+    from prefect.settings import PREFECT_API_URL
+
+    env = dict(os.environ, PREFECT_API_URL=PREFECT_API_URL.value(), PYTHONUNBUFFERED="1",
+               PREFECT_LOGGING_LEVEL="WARNING")
+    env.pop("PREFECT_HOME", None)
+    return env
+
+
+def _start_cli(config: dict, tmp: Path, log_name: str) -> tuple[subprocess.Popen, Path]:
+    path = tmp / f"{log_name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = tmp / f"{log_name}.log"
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "train", "--config", str(path)], cwd=REPO,
+                            env=_api_env(), stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log
+
+
+def _kill_tree(proc: subprocess.Popen) -> int:
+    """SIGKILL the flow process and every process under it (Ray's head, workers and actors, the scorer pool)."""
+    tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+    for p in tree:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=60)
+    gone, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, f"processes survived the kill: {alive}"
+    return len(tree)
+
+
+def _wait_listed(store: RunStore, iteration: int, name: str, proc: subprocess.Popen, log: Path,
+                 timeout: float = 400) -> None:
+    """Until the iteration's manifest lists ``name`` (the stage is committed)."""
+    deadline = time.monotonic() + timeout
+    while store.entry(iteration, name) is None:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (rc {proc.returncode}) before the kill point:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {name} for iteration {iteration} in time:\n{log.read_text()}")
+        time.sleep(0.005)
+
+
+def _run_cli_to_end(config: dict, tmp: Path, log_name: str) -> str:
+    proc, log = _start_cli(config, tmp, log_name)
+    rc = proc.wait(timeout=600)
+    text = log.read_text()
+    assert rc == 0, text
+    return text
+
+
+def _wait_committed(store: RunStore, proc: subprocess.Popen, log: Path, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while checkpoint.latest(store) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no checkpoint was committed:\n{log.read_text()}")
+        time.sleep(0.02)
+
+
+def _check_resumed(text: str, store: RunStore, run: str, committed: checkpoint.CheckpointRef) -> None:
+    assert f"resuming {run} from {committed.name}, policy version {committed.policy_version}" in text, text
+    rows = store.read_metrics().to_pylist()
+    # Iterations up to the checkpoint were not redone (first attempt); the ones after it were (second attempt).
+    expected = [0] * committed.next_iteration + [1] * (ITERATIONS + 1 - committed.next_iteration)
+    assert [r["run_attempt"] for r in rows] == expected
+
+
+def test_sigkill_between_stages_then_resume_is_exact(reference, tiny_model, tmp_path):
+    """Kill after iteration 3's rollout is committed, before it is scored; a checkpoint half-written later than
+    the last committed one is planted too: the resume must ignore it and use the committed one."""
+    cfg = _config(tiny_model, tmp_path, "cut")
+    store = RunStore(str(tmp_path), "cut")
+    proc, log = _start_cli(cfg, tmp_path, "first")
+    _wait_committed(store, proc, log)
+    _wait_listed(store, 3, "rollouts.parquet", proc, log)
+    _kill_tree(proc)
+    assert store.entry(3, "scored.parquet") is None, "the kill was meant to land between rollout and score"
+    committed = checkpoint.latest(store)
+    assert committed.iteration == 1, committed  # iter-000003 is only started after iteration 3's sync
+    # A checkpoint killed mid-write: its files are there (one cut short), its manifest is not.
+    half = tmp_path / "cut" / checkpoint.checkpoint_path(2)
+    shutil.copytree(tmp_path / "cut" / committed.path, half)
+    (half / checkpoint.MANIFEST).unlink()
+    weights = half / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+    text = _run_cli_to_end(cfg, tmp_path, "resumed")
+    _check_resumed(text, store, "cut", committed)
+    _assert_same_run(tmp_path, "cut", reference, "ref")
+    assert checkpoint.latest(store).iteration == ITERATIONS - 1
+    assert [r.iteration for r in checkpoint.complete_checkpoints(store)] == [3, 5]  # keep_last=2
+    assert not half.exists()  # the leftover of the interrupted write was pruned
+
+
+def test_sigkill_mid_training_then_resume_is_exact(reference, tiny_model, tmp_path):
+    """Kill as soon as iteration 4's batch is scored: the learner is inside its update (two optimizer steps)."""
+    cfg = _config(tiny_model, tmp_path, "midtrain")
+    store = RunStore(str(tmp_path), "midtrain")
+    proc, log = _start_cli(cfg, tmp_path, "first")
+    _wait_listed(store, 4, "scored.parquet", proc, log)
+    _kill_tree(proc)
+    assert store.entry(4, "train.json") is None, "the kill was meant to land inside iteration 4's update"
+    committed = checkpoint.latest(store)  # iter-000003, or iter-000001 if the kill beat iter-000003's commit
+    assert committed is not None and committed.iteration in (1, 3), committed
+
+    text = _run_cli_to_end(cfg, tmp_path, "resumed")
+    _check_resumed(text, store, "midtrain", committed)
+    _assert_same_run(tmp_path, "midtrain", reference, "ref")
+    if committed.iteration == 3:  # iteration 4's rollouts were sampled with the checkpoint's weights: reused
+        assert store.entry(4, "rollouts.parquet").meta["policy_version"] == committed.policy_version
+
+
+def test_a_changed_config_is_refused_naming_the_fields(reference, tiny_model, tmp_path):
+    cfg = _config(tiny_model, reference, "ref", train__lr=5e-4, rollout__temperature=0.7)
+    path = tmp_path / "changed.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([sys.executable, "-m", "grpo_core.cli", "train", "--config", str(path)], cwd=REPO,
+                         env=_api_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "rollout.temperature: 1.0 -> 0.7" in out.stderr and "train.lr: 0.001 -> 0.0005" in out.stderr, out.stderr
+    assert "seed" not in out.stderr
+
+
+def test_finished_run_is_not_redone_and_more_iterations_extend_it(reference, tiny_model, tmp_path):
+    from flows.grpo_train import grpo_train
+
+    root = tmp_path / "runs"
+    shutil.copytree(reference / "ref", root / "ref")
+    before = _final_weights(root, "ref")
+    again = grpo_train(config=_config(tiny_model, root, "ref"))
+    assert "already finished" in again["summary"][0]
+    assert all(torch.equal(before[k], v) for k, v in _final_weights(root, "ref").items())
+
+    extended = grpo_train(config=_config(tiny_model, root, "ref", iterations=ITERATIONS + 2))
+    assert extended["resumed_from"] == f"iter-{ITERATIONS - 1:06d}"
+    rows = RunStore(str(root), "ref").read_metrics().to_pylist()
+    assert [r["iteration"] for r in rows] == list(range(ITERATIONS + 3))
+    assert rows[ITERATIONS]["reward_mean"] is not None  # a real iteration now, not the old final evaluation
+    assert RunStore(str(root), "ref").read_config()["iterations"] == ITERATIONS + 2
+
+
+def _kill_policy_actor_when(store: RunStore, iteration: int, name: str, stop: threading.Event) -> list[int]:
+    """Background watcher: SIGKILL the policy actor's process once ``name`` of ``iteration`` is committed."""
+    killed: list[int] = []
+
+    def watch() -> None:
+        while not stop.is_set() and store.entry(iteration, name) is None:
+            time.sleep(0.005)
+        if stop.is_set():
+            return
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if "PolicyWorker" in " ".join(p.cmdline()):
+                    p.send_signal(signal.SIGKILL)
+                    killed.append(p.pid)
+            except psutil.NoSuchProcess:
+                pass
+
+    threading.Thread(target=watch, daemon=True).start()
+    return killed
+
+
+def test_a_killed_policy_actor_is_recreated_and_the_run_stays_exact(reference, tiny_model, tmp_path):
+    from flows.grpo_train import grpo_train
+
+    store = RunStore(str(tmp_path), "actorkill")
+    stop = threading.Event()
+    killed = _kill_policy_actor_when(store, 4, "scored.parquet", stop)
+    try:
+        result = grpo_train(config=_config(tiny_model, tmp_path, "actorkill"))
+    finally:
+        stop.set()
+    assert killed, "the watcher never found the policy actor"
+    assert result["recoveries"] == 1
+    _assert_same_run(tmp_path, "actorkill", reference, "ref")
+
+
+def _run_until_it_gives_up(tiny_model, tmp_path) -> checkpoint.CheckpointRef:
+    """A run whose policy actor is killed with cluster.max_actor_restarts=0: it must fail saying what died and
+    where to resume from."""
+    from flows.grpo_train import RunFailed, grpo_train
+
+    store = RunStore(str(tmp_path), "giveup")
+    stop = threading.Event()
+    killed = _kill_policy_actor_when(store, 4, "rollouts.parquet", stop)
+    try:
+        with pytest.raises(RunFailed) as info:
+            grpo_train(config=_config(tiny_model, tmp_path, "giveup", cluster__max_actor_restarts=0))
+    finally:
+        stop.set()
+    assert killed
+    message = str(info.value)
+    assert "policy actor (pid" in message and "died during" in message, message
+    latest = checkpoint.latest(store)  # iter-000001 is committed before iteration 4 starts (iter-000003 may be)
+    assert latest is not None and "max_actor_restarts=0" in message and latest.path in message, message
+    status = store.get_json_file("status.json")
+    assert status["state"] == "failed" and "RunFailed" in status["error"]
+    return latest
+
+
+def test_giving_up_then_prefect_flow_run_retry_resumes_the_run_folder(reference, tiny_model, tmp_path):
+    """After the in-flow recoveries are spent the flow run fails naming where to resume; the failed flow run itself
+    (same id, same parameters) re-executed by `prefect flow-run retry`, as the UI's Retry button does for a
+    deployment's run, resumes the run folder and ends exactly as the reference."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    latest = _run_until_it_gives_up(tiny_model, tmp_path)
+
+    async def failed_run_id():
+        async with get_client() as client:
+            runs = await client.read_flow_runs(limit=200)
+        ours = [fr for fr in runs if (fr.parameters.get("config") or {}).get("run_name") == "giveup"
+                and fr.parameters["config"]["storage"]["root"] == str(tmp_path)]
+        assert len(ours) == 1 and ours[0].state.is_failed(), ours
+        return str(ours[0].id)
+
+    run_id = asyncio.run(failed_run_id())
+    out = subprocess.run([str(Path(sys.executable).parent / "prefect"), "flow-run", "retry", run_id,
+                          "--entrypoint", "flows/grpo_train.py:grpo_train"], cwd=REPO, env=_api_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    assert f"resuming giveup from {latest.name}" in text, text
+    _assert_same_run(tmp_path, "giveup", reference, "ref")
+
+
+def test_s3_outage_of_10s_mid_run_is_survived_and_nothing_is_lost(reference, tiny_model, s3_server,
+                                                                   tmp_path_factory):
+    """The run folder on a real S3 server (SeaweedFS on loopback) that stops for 10 s during iteration 2 and comes
+    back with its data: stage I/O fails, Prefect retries the tasks with backoff, and the run ends exactly as the
+    uninterrupted local run."""
+    import pyarrow.parquet as pq
+    import s3fs
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.grpo_train import grpo_train
+    from grpo_core.data.schemas import ROLLOUT_FIELDS, SCORE_FIELDS, check_schema
+    from grpo_core.s3server import start_s3_server
+
+    # A server of its own: the session's shared one must not go down under other tests.
+    server = start_s3_server(tmp_path_factory.mktemp("s3-outage"), buckets=["outage"])
+    root = "s3://outage/runs"
+    store = RunStore(root, "s3run", server.storage_options)
+    down_for, outage, finished = 10.0, {}, threading.Event()
+
+    def cut_the_service() -> None:
+        while not finished.is_set() and store_has(2, "rollouts.parquet") is False:
+            time.sleep(0.02)
+        server.stop()
+        outage["down_at"] = time.monotonic()
+        time.sleep(down_for)
+        server.restart()
+        outage["up_at"] = time.monotonic()
+        finished.wait()  # the server dies with the thread that started it (parent-death signal): keep it alive
+
+    def store_has(iteration: int, name: str) -> bool:
+        try:
+            return store.entry(iteration, name) is not None
+        except OSError:
+            return False
+
+    watcher = threading.Thread(target=cut_the_service, daemon=True)
+    watcher.start()
+    try:
+        cfg = _config(tiny_model, Path("unused"), "s3run", storage__root=root,
+                      storage__options=server.storage_options, storage__retry_delay_s=1.0, storage__retries=6)
+        result = grpo_train(config=cfg)
+        assert outage.get("up_at", 0) - outage.get("down_at", 0) >= down_for, outage
+        assert result["run"] == f"{root}/s3run"
+        b = load_file_from_s3(server, "outage/runs/s3run/final/model.safetensors")
+        a = _final_weights(reference, "ref")
+        assert all(torch.equal(a[k], b[k]) for k in a), "S3 run's final weights differ from the local run's"
+        rows = [{k: r.get(k) for k in LEARNING} for r in store.read_metrics().to_pylist()]
+        assert rows == _learning_rows(reference, "ref")
+        assert store.list_complete_iterations(required=["rollouts", "scored", "train"]) == list(range(ITERATIONS))
+
+        # Prefect retried the tasks that met the outage (shown as retries in the UI).
+        import asyncio
+
+        async def task_runs():
+            async with get_client() as client:
+                flow_runs = await client.read_flow_runs(limit=200)
+                ids = [fr.id for fr in flow_runs if (fr.parameters.get("config") or {}).get("run_name") == "s3run"]
+                return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+
+        retried = [tr for tr in asyncio.run(task_runs()) if tr.run_count > 1]
+        assert retried, "no task run was retried during the outage"
+
+        # Read back independently through s3fs + pyarrow: the documented schemas.
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, **server.storage_options)
+        base = "outage/runs/s3run"
+        rollouts = pq.read_table(f"{base}/iter-000002/rollouts.parquet", filesystem=fs)
+        check_schema(rollouts, ROLLOUT_FIELDS, "rollouts.parquet on S3")
+        scored = pq.read_table(f"{base}/iter-000002/scored.parquet", filesystem=fs)
+        check_schema(scored, ROLLOUT_FIELDS + SCORE_FIELDS, "scored.parquet on S3")
+        assert scored.num_rows == rollouts.num_rows == 4 * 4
+        assert fs.exists(f"{base}/curves.png") and fs.exists(f"{base}/latest.json")
+        assert checkpoint.latest(store).iteration == ITERATIONS - 1
+    finally:
+        finished.set()
+        server.stop()
+
+
+def load_file_from_s3(server, key: str) -> dict[str, torch.Tensor]:
+    import s3fs
+    from safetensors.torch import load
+
+    return load(s3fs.S3FileSystem(skip_instance_cache=True, **server.storage_options).cat_file(key))
