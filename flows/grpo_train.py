@@ -166,8 +166,10 @@ def _already_finished(cfg: GRPOConfig, store: RunStore) -> dict[str, Any]:
 def _train(ctx: RunContext, stages: _Stages, ref, started: float) -> dict[str, Any]:
     cfg, store = ctx.cfg, ctx.store
     info = ctx.engines.start()
-    ctx.status.actors = {"policy": {"pid": info["pid"], "host": info["host"]}}
-    print(f"engines ready in {time.perf_counter() - started:.1f}s (vLLM load {info['sampler_load_s']:.1f}s, "
+    ctx.status.actors = info["actors"]
+    c = cfg.cluster
+    print(f"engines ready in {time.perf_counter() - started:.1f}s ({c.placement}: {c.samplers} sampler(s), "
+          f"{c.learners} learner rank(s), weights by {cfg.transport}; vLLM load {info['sampler_load_s']:.1f}s, "
           f"DeepSpeed init {info['learner_init_s']:.1f}s); run folder {store.uri}")
     resumed_from = None
     if ref is not None:
@@ -191,12 +193,12 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float) -> dict[str, A
                     + (f"from {store.url('checkpoints/' + where)}" if where else "from its start (no checkpoint)")
                 ) from lost
             info = ctx.engines.recreate()
-            ctx.status.actors = {"policy": {"pid": info["pid"], "host": info["host"]}}
+            ctx.status.actors = info["actors"]
             ref = stages.latest_checkpoint(store)
             if ref is not None:
                 ctx.engines.restore(ref)
             start = ref.next_iteration if ref is not None else 0
-            print(f"{lost}\nrecreated it ({ctx.status.recoveries}/{cfg.cluster.max_actor_restarts}) in "
+            print(f"{lost}\nrecreated the engine actors ({ctx.status.recoveries}/{cfg.cluster.max_actor_restarts}) in "
                   f"{info['recreate_s']:.1f}s and restored "
                   + (f"{ref.name}, policy version {ref.policy_version}" if ref else "the initial weights")
                   + f"; continuing at iteration {start}")

@@ -252,14 +252,26 @@ def prune(store: RunStore, keep_last: int, newest: CheckpointRef) -> list[str]:
     return removed
 
 
-def download(store: RunStore, ref: CheckpointRef, local_dir: str) -> str:
-    """A local folder holding the checkpoint's files: the folder itself on a local run store, else a copy in
-    ``local_dir``."""
+def files_of_rank(rank: int) -> Callable[[str], bool]:
+    """Which checkpoint files learner rank ``rank`` needs to restore: its own ZeRO partition and RNG states, the
+    shared module states and state.json (not the other ranks' partitions, nor the HF copy of the policy)."""
+    def wanted(name: str) -> bool:
+        base = name.rsplit("/", 1)[-1]
+        return name == STATE or (name.startswith("learner/") and (
+            base == "mp_rank_00_model_states.pt" or f"_rank_{rank}_" in base or base == f"rng-rank-{rank}.pt"))
+    return wanted
+
+
+def download(store: RunStore, ref: CheckpointRef, local_dir: str,
+             only: Callable[[str], bool] | None = None) -> str:
+    """A local folder holding the checkpoint's files (those ``only`` accepts): the folder itself on a local run
+    store, else a copy in ``local_dir``."""
     local = store.local_path(ref.path)
     if local is not None:
         return local
     for name in store.list_files(ref.path):
-        store.get_file(f"{ref.path}/{name}", os.path.join(local_dir, name))
+        if only is None or only(name):
+            store.get_file(f"{ref.path}/{name}", os.path.join(local_dir, name))
     return local_dir
 
 

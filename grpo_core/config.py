@@ -42,6 +42,7 @@ class RolloutConfig(_Section):
     temperature: float = Field(default=1.0, gt=0.0, le=10.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     kv_cache_mb: int = Field(default=64, ge=8, description="vLLM KV cache on CPU, MiB")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per vLLM engine (vLLM's own executor)")
     gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
     enforce_eager: bool = True
 
@@ -141,10 +142,26 @@ class TrainConfig(_Section):
     zero_stage: Literal[0, 1, 2, 3] = 2
 
 
+class RoleResources(_Section):
+    """What one actor of a role reserves from Ray, and where it may run (custom resources pin it to nodes)."""
+
+    num_cpus: float = Field(default=1.0, gt=0.0, description="Ray CPUs reserved (fractions allowed)")
+    num_gpus: float = Field(default=0.0, ge=0.0, description="GPUs reserved (fractions share one GPU)")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources, e.g. {sampler_node: 0.01} to pin to such nodes")
+    torch_threads: int | None = Field(default=None, ge=1, description="threads inside the actor (default: all "
+                                                                      "cores of its node)")
+
+
 class ClusterConfig(_Section):
-    placement: Literal["colocate", "split", "external"] = "colocate"
-    num_cpus: float = Field(default=1.0, gt=0.0, description="CPUs reserved for the policy actor")
-    torch_threads: int | None = Field(default=None, ge=1, description="threads inside actors (default: all cores)")
+    placement: Literal["colocate", "split", "external"] = Field(
+        default="colocate", description="colocate: each actor holds a sampler and a learner rank, weights move "
+                                        "in-process; split: sampler actors and learner actors apart")
+    samplers: int = Field(default=1, ge=1, description="vLLM engines, one Ray actor each")
+    learners: int = Field(default=1, ge=1, description="DeepSpeed data-parallel ranks, one Ray actor each")
+    sampler_resources: RoleResources = Field(default_factory=RoleResources)
+    learner_resources: RoleResources = Field(
+        default_factory=RoleResources, description="also what a colocated actor (sampler + learner) reserves")
     ray_address: str | None = Field(default=None, description="None: start a local Ray on 127.0.0.1")
     max_actor_restarts: int = Field(
         default=3, ge=0, description="times the flow recreates a dead engine actor from the latest checkpoint "
@@ -152,12 +169,15 @@ class ClusterConfig(_Section):
 
 
 class WeightsConfig(_Section):
-    transport: Literal["in_process"] = Field(
-        default="in_process", description="how new weights reach the sampler (colocated: in-process copy)")
+    transport: Literal["auto", "inprocess", "broadcast", "files", "cuda_ipc"] = Field(
+        default="auto", description="how new weights reach the samplers: inprocess (colocate), broadcast (split: "
+                                    "learner rank 0 -> every sampler worker, gloo on CPU / NCCL on GPU), files "
+                                    "(weights/v-N/ in the run store), cuda_ipc (same GPU, other process); auto: "
+                                    "inprocess for colocate, broadcast for split")
+    bucket_mb: int = Field(default=64, ge=1, description="broadcast: tensors travel packed in buckets of this size")
     check_samples: int = Field(
         default=4, ge=0, description="after each sync, compare sampler and learner logprobs on this many rollout "
-                                     "sequences (metric sync_logprob_max_diff); 0: off")
-
+                                     "sequences of every sampler (metric sync_logprob_max_diff); 0: off")
 
 class StorageConfig(_Section):
     root: str = Field(default="runs", description="local folder or s3://bucket/prefix")
@@ -209,13 +229,26 @@ class GRPOConfig(_Section):
         return self.train.mini_batch_size or self.batch_size
 
     @property
+    def rank_batch_size(self) -> int:
+        """Sequences of each mini-batch that one learner rank trains on."""
+        return self.mini_batch_size // self.cluster.learners
+
+    @property
     def micro_batch_size(self) -> int:
-        """Sequences per forward/backward (never more than a mini-batch)."""
-        return min(self.train.micro_batch_size, self.mini_batch_size)
+        """Sequences per forward/backward on one learner rank (never more than its share of a mini-batch)."""
+        return min(self.train.micro_batch_size, self.rank_batch_size)
 
     @property
     def grad_accum_steps(self) -> int:
-        return self.mini_batch_size // self.micro_batch_size
+        """Micro-batches per optimizer step on one learner rank."""
+        return self.rank_batch_size // self.micro_batch_size
+
+    @property
+    def transport(self) -> str:
+        """The weight transport, ``auto`` resolved: inprocess for colocate, broadcast for split."""
+        if self.weights.transport != "auto":
+            return self.weights.transport
+        return "inprocess" if self.cluster.placement == "colocate" else "broadcast"
 
     @property
     def optimizer_steps_per_iteration(self) -> int:
@@ -240,10 +273,15 @@ class GRPOConfig(_Section):
                 f"train.mini_batch_size={mini} must divide the batch: rollout.prompts_per_iteration x "
                 f"rollout.samples_per_prompt = {self.rollout.prompts_per_iteration} x "
                 f"{self.rollout.samples_per_prompt} = {n}")
-        if mini % self.micro_batch_size:
+        learners = self.cluster.learners
+        if mini % learners:
             raise ValueError(
-                f"train.micro_batch_size={self.train.micro_batch_size} must divide the mini-batch "
-                f"({mini} sequences)")
+                f"cluster.learners={learners} must divide the mini-batch (train.mini_batch_size or the whole batch: "
+                f"{mini} sequences): each learner rank trains on an equal share")
+        if self.rank_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"train.micro_batch_size={self.train.micro_batch_size} must divide each learner rank's share of "
+                f"the mini-batch ({mini} sequences / cluster.learners={learners} = {self.rank_batch_size})")
         if self.rollout.samples_per_prompt < 2:
             raise ValueError("rollout.samples_per_prompt must be >= 2: group-relative advantages need a group")
         if self.algo.soft_overlong and self.algo.soft_overlong_cache_length >= self.rollout.max_new_tokens:
@@ -253,16 +291,41 @@ class GRPOConfig(_Section):
         if self.algo.filter_groups and "accuracy" not in self.reward.rewards:
             raise ValueError("algo.filter_groups (dynamic sampling) filters groups on their accuracy: "
                              "reward.rewards must include 'accuracy'")
-        if self.cluster.placement != "colocate":
-            raise ValueError(
-                f"cluster.placement={self.cluster.placement!r} is not implemented yet; use 'colocate'")
+        self._check_placement()
         return self
+
+    def _check_placement(self) -> None:
+        c, transport = self.cluster, self.weights.transport
+        if c.placement == "external":
+            raise ValueError("cluster.placement='external' (OpenAI-compatible servers) is not implemented yet; use "
+                             "'colocate' or 'split'")
+        if c.placement == "colocate" and c.samplers != c.learners:
+            raise ValueError(
+                f"cluster.placement=colocate puts one sampler and one learner rank in each actor: cluster.samplers "
+                f"({c.samplers}) must equal cluster.learners ({c.learners}); use placement=split for other counts")
+        if transport == "inprocess" and c.placement != "colocate":
+            raise ValueError(f"weights.transport=inprocess needs sampler and learner in one actor "
+                             f"(cluster.placement=colocate), not placement={c.placement}; use broadcast or files")
+        if transport in ("broadcast", "cuda_ipc") and c.placement != "split":
+            raise ValueError(f"weights.transport={transport} moves weights between separate actors: it needs "
+                             f"cluster.placement=split (colocated actors use inprocess)")
+        tp = self.rollout.tensor_parallel_size
+        gpus = (c.sampler_resources if c.placement == "split" else c.learner_resources).num_gpus
+        if tp > 1 and gpus < tp:
+            raise ValueError(
+                f"rollout.tensor_parallel_size={tp} runs one vLLM worker per GPU: the sampler actors need "
+                f"cluster.{'sampler' if c.placement == 'split' else 'learner'}_resources.num_gpus >= {tp} "
+                f"(got {gpus})")
+        if transport == "cuda_ipc" and (c.sampler_resources.num_gpus <= 0 or c.learner_resources.num_gpus <= 0):
+            raise ValueError("weights.transport=cuda_ipc shares GPU memory between a learner and a sampler on the "
+                             "same GPU: set cluster.sampler_resources.num_gpus and cluster.learner_resources.num_gpus "
+                             "(fractions, e.g. 0.5 each)")
 
 
 # Fields a resumed run may change: they decide how long the run goes on and how it is operated, never what an
 # iteration computes. Raising `iterations` extends a run (the lr schedule then spans the new total from where it is).
-RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "cluster.ray_address", "cluster.num_cpus",
-                      "cluster.torch_threads", "cluster.max_actor_restarts", "reward.num_workers",
+RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "cluster.ray_address", "cluster.sampler_resources",
+                      "cluster.learner_resources", "cluster.max_actor_restarts", "reward.num_workers",
                       "weights.check_samples")
 
 

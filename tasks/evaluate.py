@@ -13,8 +13,7 @@ from tasks.context import RunContext
 @task(name="evaluate", cache_policy=NONE)
 def evaluate(ctx: RunContext, iteration: int) -> dict[str, Any]:
     ev = ctx.cfg.eval
-    gen = ctx.engines.generate_eval(iteration, ctx.eval_prompts, ev.greedy, ev.samples_per_prompt)
-    table = ctx.store.get_table(iteration, gen["name"])
+    table, gen = ctx.engines.generate_eval(iteration, ctx.eval_prompts, ev.greedy, ev.samples_per_prompt)
     results, metrics = score_table(table, ctx.scorer, ctx.cfg.rollout.max_new_tokens)
     scored = with_rewards(table, results)
     accuracy = metrics.get("reward_accuracy_mean", metrics["reward_mean"])

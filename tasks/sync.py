@@ -1,4 +1,4 @@
-"""Sync task: push the learner's weights to the sampler, and the version check that triggers it."""
+"""Sync task: push the learner's weights to the samplers, and the version check that triggers it."""
 from __future__ import annotations
 
 import time
@@ -12,24 +12,39 @@ from tasks.context import RunContext
 
 @task(name="sync", cache_policy=NONE)
 def sync(ctx: RunContext, check: tuple[int, str] | None = None) -> dict[str, Any]:
-    """Push weights; with ``check=(iteration, rollout file)`` also measure sampler/learner logprob agreement."""
+    """Push weights; with ``check=(iteration, rollout file)`` also measure, on some of that file's sequences of
+    every sampler, that each sampler's logprobs now match the learner's."""
     out = ctx.engines.sync()
     rows = ctx.cfg.weights.check_samples
     if check is not None and rows > 0:
         started = time.perf_counter()
-        out.update(ctx.engines.check_sync(check[0], check[1], rows))
+        out.update(ctx.engines.check_sync(check_rows(ctx, *check, rows)))
         out["check_seconds"] = time.perf_counter() - started
     return out
 
 
+def check_rows(ctx: RunContext, iteration: int, name: str, per_sampler: int
+               ) -> dict[int, tuple[list[list[int]], list[int]]]:
+    """The first ``per_sampler`` sequences each sampler produced in a rollout file, as (sequences, prompt lengths)
+    keyed by the sampler that should now score them (a replaced sampler's rows are scored by its successor)."""
+    table = ctx.store.get_table(iteration, name).select(["sampler_id", "prompt_token_ids", "response_token_ids"])
+    out: dict[int, tuple[list[list[int]], list[int]]] = {}
+    for sid, prompt, response in zip(*(table.column(c).to_pylist() for c in table.column_names)):
+        seqs, lens = out.setdefault(sid, ([], []))
+        if len(seqs) < per_sampler:
+            seqs.append(prompt + response)
+            lens.append(len(prompt))
+    return out
+
+
 def ensure_synced(ctx: RunContext, expected_learner_version: int) -> dict[str, Any] | None:
-    """Re-sync when the sampler serves other weights than the learner holds (e.g. a restarted sampler came back
+    """Re-sync when a sampler serves other weights than the learner holds (e.g. a restarted sampler came back
     with its original weights). A learner behind the expected version lost its state: that is an error, never a
     silent restart from scratch."""
-    sampler_version, learner_version = ctx.engines.versions()
+    sampler_versions, learner_version = ctx.engines.versions()
     if learner_version != expected_learner_version:
         raise RuntimeError(f"learner is at policy version {learner_version}, expected {expected_learner_version}: "
                            "the learner lost its state (restarted actor?)")
-    if sampler_version != learner_version:
+    if any(v != learner_version for v in sampler_versions):
         return sync(ctx)
     return None

@@ -1,4 +1,4 @@
-"""Train task: one policy update on scored.parquet inside the learner actor."""
+"""Train task: one policy update on scored.parquet, data-parallel over the learner ranks; writes train.json."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,4 +11,6 @@ from tasks.context import RunContext
 
 @task(name="train", cache_policy=NONE)
 def train(ctx: RunContext, iteration: int) -> dict[str, Any]:
-    return ctx.engines.train(iteration)
+    metrics = ctx.engines.train(iteration)
+    ctx.store.put_json(iteration, "train.json", metrics, meta={"policy_version": metrics["policy_version"]})
+    return metrics

@@ -53,9 +53,37 @@ def test_mini_batch_must_divide_the_batch():
 
 
 def test_micro_batch_must_divide_the_mini_batch():
-    with pytest.raises(ConfigError, match=r"train.micro_batch_size=3 must divide the mini-batch \(16"):
+    with pytest.raises(ConfigError, match=r"train.micro_batch_size=3 must divide each learner rank's share of the "
+                                          r"mini-batch \(16 sequences / cluster.learners=1 = 16\)"):
         build_config(_tree(rollout={"prompts_per_iteration": 4, "samples_per_prompt": 8},
                            train={"mini_batch_size": 16, "micro_batch_size": 3}))
+
+
+@pytest.mark.parametrize("cluster,weights,train,message", [
+    ({"placement": "colocate", "samplers": 2, "learners": 1}, {}, {},
+     r"cluster.samplers \(2\) must equal cluster.learners \(1\)"),
+    ({"placement": "split"}, {"transport": "inprocess"}, {}, "weights.transport=inprocess needs sampler and learner"),
+    ({"placement": "colocate"}, {"transport": "broadcast"}, {}, "weights.transport=broadcast .*cluster.placement=split"),
+    ({"placement": "split", "learners": 3}, {}, {}, r"cluster.learners=3 must divide the mini-batch .* 32 sequences"),
+    ({"placement": "split", "learners": 2}, {}, {"micro_batch_size": 5},
+     r"train.micro_batch_size=5 must divide each learner rank's share .* = 16\)"),
+    ({"placement": "split"}, {"transport": "cuda_ipc"}, {}, "cuda_ipc .*num_gpus"),
+    ({"placement": "external"}, {}, {}, "external.* not implemented"),
+])
+def test_placement_constraints_name_the_fields(cluster, weights, train, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(_tree(rollout={"prompts_per_iteration": 4, "samples_per_prompt": 8}, cluster=cluster,
+                           weights=weights, train=train))
+
+
+def test_tensor_parallel_needs_gpus_and_auto_transport_follows_placement():
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 .*sampler_resources.num_gpus >= 2 \(got 0"):
+        build_config(_tree(rollout={"tensor_parallel_size": 2}, cluster={"placement": "split"}))
+    split = build_config(_tree(rollout={"prompts_per_iteration": 4, "samples_per_prompt": 8},
+                               cluster={"placement": "split", "samplers": 3, "learners": 2},
+                               train={"micro_batch_size": 4}))
+    assert split.transport == "broadcast" and split.rank_batch_size == 16 and split.grad_accum_steps == 4
+    assert build_config(_tree()).transport == "inprocess"
 
 
 def test_groups_need_two_samples_and_reward_weights_match():

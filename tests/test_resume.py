@@ -226,7 +226,7 @@ def _kill_policy_actor_when(store: RunStore, iteration: int, name: str, stop: th
             return
         for p in psutil.Process().children(recursive=True):
             try:
-                if "PolicyWorker" in " ".join(p.cmdline()):
+                if "EngineWorker" in " ".join(p.cmdline()):
                     p.send_signal(signal.SIGKILL)
                     killed.append(p.pid)
             except psutil.NoSuchProcess:
@@ -266,7 +266,7 @@ def _run_until_it_gives_up(tiny_model, tmp_path) -> checkpoint.CheckpointRef:
         stop.set()
     assert killed
     message = str(info.value)
-    assert "policy actor (pid" in message and "died during" in message, message
+    assert "colocated sampler 0 + learner rank 0 (pid" in message and "died during" in message, message
     latest = checkpoint.latest(store)  # iter-000001 is committed before iteration 4 starts (iter-000003 may be)
     assert latest is not None and "max_actor_restarts=0" in message and latest.path in message, message
     status = store.get_json_file("status.json")

@@ -17,7 +17,7 @@ def test_stale_sampler_is_detected_and_resynced(tiny_model, tmp_path, prefect_ha
     from grpo_core.rewards.scorer import Scorer
     from grpo_core.runs import RunStatus
     from tasks.context import RunContext
-    from tasks.sync import ensure_synced, sync
+    from tasks.sync import check_rows, ensure_synced, sync
 
     cfg = build_config(tiny_config(tiny_model, str(tmp_path), rollout__prompts_per_iteration=1,
                                    train__micro_batch_size=4))
@@ -31,7 +31,7 @@ def test_stale_sampler_is_detected_and_resynced(tiny_model, tmp_path, prefect_ha
         rows = [{"iteration": 0, "prompt_id": 0, "group_id": 0, "sample_idx": i, "prompt_token_ids": prompt,
                  "response_token_ids": [30 + i, 31, 2], "sampler_logprobs": [-1.0, -1.0, -1.0],
                  "response_text": "x", "finish_reason": "stop", "truncated": False, "response_length": 3,
-                 "policy_version": 0} for i in range(4)]
+                 "policy_version": 0, "sampler_id": 0} for i in range(4)]
         table = rollouts_table(rows, [{}] * 4)
         table = table.append_column("advantage", pa.array([1.0, -1.0, 1.0, -1.0], pa.float32()))
         table = table.append_column("kept", pa.array([True] * 4))
@@ -39,18 +39,18 @@ def test_stale_sampler_is_detected_and_resynced(tiny_model, tmp_path, prefect_ha
         ctx.store.put_table(0, "scored.parquet", table)
         engines.train(0)
         sync(ctx, check=(0, "rollouts.parquet"))
-        assert engines.versions() == (1, 1)
-        in_sync = engines.check_sync(0, "rollouts.parquet", 4)["sync_logprob_max_diff"]
+        assert engines.versions() == ([1], 1)
+        in_sync = engines.check_sync(check_rows(ctx, 0, "rollouts.parquet", 4))["sync_logprob_max_diff"]
         assert in_sync < 1e-4
 
         # The sampler comes back with the original weights (as a restarted sampler would) ...
         engines.serve_checkpoint(tiny_model, 0)
-        stale = engines.check_sync(0, "rollouts.parquet", 4)["sync_logprob_max_diff"]
+        stale = engines.check_sync(check_rows(ctx, 0, "rollouts.parquet", 4))["sync_logprob_max_diff"]
         assert stale > 1e-3, "the test needs weights that differ from the checkpoint"
         # ... the version check notices and re-syncs, and the two agree again.
         assert ensure_synced(ctx, expected_learner_version=1) is not None
-        assert engines.versions() == (1, 1)
-        assert engines.check_sync(0, "rollouts.parquet", 4)["sync_logprob_max_diff"] < 1e-4
+        assert engines.versions() == ([1], 1)
+        assert engines.check_sync(check_rows(ctx, 0, "rollouts.parquet", 4))["sync_logprob_max_diff"] < 1e-4
         assert ensure_synced(ctx, expected_learner_version=1) is None  # nothing to do when versions agree
         with pytest.raises(RuntimeError, match="lost its state"):
             ensure_synced(ctx, expected_learner_version=5)

@@ -1,20 +1,28 @@
 """The engine actors of one flow run behind one object: tasks call methods here and never touch Ray.
 
-Why: the flow must survive an engine actor that dies (OOM kill, segfault, node lost). Every call goes through
-``_call``, which turns Ray's actor-death errors into ``EngineLost`` naming the actor, its pid and node, so the flow
-can recreate the actor and restore it from the latest checkpoint without knowing Ray. Placement (which actors,
-where) is decided here too; today one colocated actor holds the sampler and the learner.
+Why: the flow talks to "the samplers" and "the learner", whatever the placement. This module places the actors
+(one colocated actor per device, or sampler actors and learner-rank actors apart), fans each stage out over them
+(prompts sharded over samplers, the batch over learner ranks), moves weights with the configured transport, and
+turns actor deaths into errors the flow can act on:
+
+* a sampler that dies during a rollout (split placement) has its prompts sent to the live samplers, and is replaced
+  by a new actor that catches up through the files transport: the iteration is not lost;
+* any other death raises ``EngineLost`` naming the actor, its pid and node; the flow then recreates every actor
+  and restores the latest checkpoint (a learner rank cannot rejoin a running process group).
 """
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import pyarrow as pa
 import ray
 from ray.exceptions import RayActorError
 
 from grpo_core.checkpoint import CheckpointRef
-from grpo_core.cluster.ray_cluster import create_policy_worker, kill, start_ray, stop_ray
+from grpo_core.cluster.ray_cluster import (
+    create_engine_actors, create_sampler_actor, kill, node_ip, remove_groups, start_ray, stop_ray,
+)
 from grpo_core.config import GRPOConfig
 
 
@@ -23,91 +31,310 @@ class EngineLost(RuntimeError):
 
 
 class EngineStartError(RuntimeError):
-    """An engine actor could not be created (its constructor raised): retrying would fail the same way."""
+    """An engine actor could not be created (its constructor or set-up raised): retrying would fail the same way."""
+
+
+def shard(n: int, parts: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of ``parts`` contiguous, balanced slices of ``range(n)`` (the first ones one longer)."""
+    base, extra = divmod(n, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        end = start + base + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def merge_train_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """One update's metrics from every learner rank: losses and token counts add up, wall time is the slowest
+    rank's, the rest (clip fractions, KL, entropy, ...) are averaged; grad norm, lr and version agree by
+    construction and are rank 0's."""
+    out = dict(per_rank[0])
+    for key in per_rank[0]:
+        values = [m[key] for m in per_rank if isinstance(m.get(key), (int, float))]
+        if len(values) != len(per_rank):
+            continue
+        if key in ("loss", "pg_loss", "tokens"):
+            out[key] = float(sum(values))
+        elif key == "seconds":
+            out[key] = max(values)
+        elif key not in ("grad_norm", "lr", "policy_version", "optimizer_steps"):
+            out[key] = sum(values) / len(values)
+    out["learners"] = len(per_rank)
+    return out
 
 
 class Engines:
     def __init__(self, cfg: GRPOConfig):
         self.cfg = cfg
-        self._policy = None
+        self.colocated = cfg.cluster.placement == "colocate"
+        self.transport = cfg.transport
+        self.samplers: list = []
+        self.learners: list = []
+        self._groups: list = []
+        self._described: dict[Any, str] = {}
+        self._checkpoint_results: list | None = None
         self.info: dict[str, Any] = {}
+        self.replaced_samplers = 0
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> dict[str, Any]:
-        """Start (or join) Ray and create the actors; returns the policy actor's start-up figures."""
+        """Start (or join) Ray, place the actors and build their engines; returns start-up figures."""
         start_ray(self.cfg)
         return self._create()
 
+    def _actors(self) -> list:
+        seen, out = set(), []
+        for a in self.samplers + self.learners:
+            if id(a) not in seen:
+                seen.add(id(a))
+                out.append(a)
+        return out
+
     def _create(self) -> dict[str, Any]:
-        self._policy = create_policy_worker(self.cfg)
-        self.info = self._call("info")
+        started = time.perf_counter()
+        self.samplers, self.learners, self._groups = create_engine_actors(self.cfg)
+        for a in self._actors():
+            self._described[a] = self._role(a)
+        host = node_ip(self.learners[0])
+        port = self._get([self.learners[0].free_port.remote(host)], [self.learners[0]], "free_port")[0]
+        actors = self._actors()
+        infos = self._get([a.setup.remote(host if a in self.learners else None, port if a in self.learners else None)
+                           for a in actors], actors, "setup", starting=True)
+        for a, info in zip(actors, infos):
+            self._described[a] = f"{self._role(a)} (pid {info['pid']} on {info['host']})"
+        self.info = {
+            "actors": [{"role": self._role(a), "pid": i["pid"], "host": i["host"]} for a, i in zip(actors, infos)],
+            "sampler_load_s": max(i["sampler_load_s"] for i in infos),
+            "learner_init_s": max(i["learner_init_s"] for i in infos),
+            "setup_s": time.perf_counter() - started,
+        }
         return self.info
 
+    def _role(self, actor) -> str:
+        parts = []
+        if actor in self.samplers:
+            parts.append(f"sampler {self.samplers.index(actor)}")
+        if actor in self.learners:
+            parts.append(f"learner rank {self.learners.index(actor)}")
+        return ("colocated " if len(parts) == 2 else "") + " + ".join(parts)
+
     def recreate(self) -> dict[str, Any]:
-        """Replace a dead (or live) policy actor by a fresh one holding the initial weights."""
-        if self._policy is not None:
-            kill(self._policy)
+        """Replace every actor by a fresh one holding the initial weights (a learner rank cannot rejoin)."""
         started = time.perf_counter()
+        self._teardown()
         info = self._create()
         info["recreate_s"] = time.perf_counter() - started
         return info
 
+    def _teardown(self) -> None:
+        for a in self._actors():
+            kill(a)
+        remove_groups(self._groups)
+        self.samplers, self.learners, self._groups = [], [], []
+        self._checkpoint_results = None
+
     def close(self) -> None:
-        if self._policy is not None:
-            kill(self._policy)
-            self._policy = None
+        if self._groups or self.samplers:
+            self._teardown()
         stop_ray()
 
     def describe(self) -> str:
-        return f"policy actor (pid {self.info.get('pid', '?')} on {self.info.get('host', '?')})"
+        return "; ".join(self._described.get(a, self._role(a)) for a in self._actors())
 
-    def _call(self, method: str, *args, **kwargs):
-        try:
-            return ray.get(getattr(self._policy, method).remote(*args, **kwargs))
-        except RayActorError as exc:
-            if exc.actor_init_failed:  # its constructor raised: a start-up error, not a lost engine
-                raise EngineStartError(f"starting the policy actor failed: {exc}") from exc
-            lines = [line.strip() for line in str(exc).strip().splitlines()]
-            detail = [line for line in lines if line.startswith(("pid:", "ip:"))] + lines[-1:]
-            raise EngineLost(f"{self.describe()} died during {method}: {'; '.join(detail)}") from exc
+    def _get(self, refs: list, actors: list, what: str, starting: bool = False) -> list:
+        """Results of calls on several actors, failing as soon as one of them fails (a dead peer would otherwise
+        leave the others waiting in a collective)."""
+        results: dict[int, Any] = {}
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            i = index[ready[0]]
+            try:
+                results[i] = ray.get(ready[0])
+            except RayActorError as exc:
+                who = self._described.get(actors[i], self._role(actors[i]))
+                if exc.actor_init_failed or starting:
+                    raise EngineStartError(f"starting {who} failed during {what}: {exc}") from exc
+                lines = [line.strip() for line in str(exc).strip().splitlines()]
+                detail = [line for line in lines if line.startswith(("pid:", "ip:"))] + lines[-1:]
+                raise EngineLost(f"{who} died during {what}: {'; '.join(detail)}") from exc
+        return [results[i] for i in range(len(refs))]
 
-    # ----------------------------------------------------------------------------------------------- stages
-    def versions(self) -> tuple[int, int]:
-        """(sampler version, learner version)."""
-        return tuple(self._call("versions"))
+    def _on_learners(self, method: str, *args, ranks: list[int] | None = None) -> list:
+        actors = self.learners if ranks is None else [self.learners[r] for r in ranks]
+        return self._get([getattr(a, method).remote(*args) for a in actors], actors, method)
 
-    def rollout(self, iteration: int, prompts: list[dict[str, Any]], name: str, seed_offset: int) -> dict[str, Any]:
-        return self._call("rollout", iteration, prompts, name=name, seed_offset=seed_offset)
+    def _on_rank0(self, method: str, *args):
+        """A call whose work happens on learner rank 0; under ZeRO-3 every rank joins (gathering the full weights
+        is a collective)."""
+        ranks = None if self.cfg.train.zero_stage == 3 else [0]
+        return self._on_learners(method, *args, ranks=ranks)[0]
+
+    def _on_samplers(self, method: str, *args) -> list:
+        return self._get([getattr(a, method).remote(*args) for a in self.samplers], self.samplers, method)
+
+    # ----------------------------------------------------------------------------------------------- status
+    def versions(self) -> tuple[list[int], int]:
+        """(every sampler's policy version, the learner's)."""
+        sampler = [v["sampler"] for v in self._on_samplers("versions")]
+        learner = self._on_learners("versions", ranks=[0])[0]["learner"]
+        return sampler, learner
+
+    # --------------------------------------------------------------------------------------------- sampling
+    def rollout(self, iteration: int, prompts: list[dict[str, Any]], group_offset: int) -> tuple[pa.Table, dict]:
+        """G samples per prompt, prompts sharded over the samplers (a group never splits); rows in prompt order.
+        In split placement a sampler that dies has its shard redone by a live one and is then replaced."""
+        bounds = [b for b in shard(len(prompts), len(self.samplers)) if b[1] > b[0]]
+        pending: dict[Any, tuple[int, int, int]] = {}
+        for sid, (lo, hi) in enumerate(bounds):
+            ref = self.samplers[sid].sample.remote(iteration, prompts[lo:hi], group_offset + lo)
+            pending[ref] = (sid, lo, hi)
+        dead: set[int] = set()
+        done: dict[int, tuple[pa.Table, dict]] = {}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            ref = ready[0]
+            sid, lo, hi = pending.pop(ref)
+            try:
+                done[lo] = ray.get(ref)
+            except RayActorError as exc:
+                if self.colocated:
+                    raise EngineLost(f"{self._described.get(self.samplers[sid])} died during rollout: "
+                                     f"{str(exc).strip().splitlines()[-1]}") from exc
+                dead.add(sid)
+                live = [i for i in range(len(self.samplers)) if i not in dead]
+                if not live:
+                    raise EngineLost(f"every sampler died during the rollout of iteration {iteration}") from exc
+                other = live[lo % len(live)]
+                print(f"{self._described.get(self.samplers[sid])} died during rollout; its {hi - lo} prompts go to "
+                      f"sampler {other}")
+                pending[self.samplers[other].sample.remote(iteration, prompts[lo:hi], group_offset + lo)] = \
+                    (other, lo, hi)
+        for sid in sorted(dead):
+            self._replace_sampler(sid)
+        parts = [done[lo] for lo in sorted(done)]
+        table = pa.concat_tables([t for t, _ in parts])
+        metas = [m for _, m in parts]
+        versions = {m["policy_version"] for m in metas}
+        if len(versions) != 1:
+            raise RuntimeError(f"samplers served different policy versions {sorted(versions)} in one rollout")
+        return table, {"seconds": max(m["seconds"] for m in metas), "policy_version": versions.pop(),
+                       "samplers_used": len({m["sampler_id"] for m in metas}), "samplers_lost": len(dead)}
+
+    def _replace_sampler(self, sid: int) -> None:
+        """A new sampler actor in the dead one's place, serving the learner's current weights (files transport)."""
+        started = time.perf_counter()
+        old = self.samplers[sid]
+        kill(old)
+        self._described.pop(old, None)
+        group = self._groups[0]  # split placement: the samplers' placement group comes first
+        new = create_sampler_actor(self.cfg, sid, group)
+        self.samplers[sid] = new
+        self._described[new] = f"sampler {sid}"
+        info = self._get([new.setup.remote(None, None)], [new], "setup", starting=True)[0]
+        self._described[new] = f"sampler {sid} (pid {info['pid']} on {info['host']})"
+        version = self._publish()
+        self._get([new.load_published.remote(version)], [new], "load_published")
+        self.replaced_samplers += 1
+        print(f"replaced sampler {sid} in {time.perf_counter() - started:.1f}s; it caught up to policy version "
+              f"{version} through {self.cfg.storage.root}/.../weights/")
 
     def generate_eval(self, iteration: int, prompts: list[dict[str, Any]], greedy: bool,
-                      samples: int) -> dict[str, Any]:
-        return self._call("generate_eval", iteration, prompts, greedy, samples)
+                      samples: int) -> tuple[pa.Table, dict]:
+        bounds = [b for b in shard(len(prompts), len(self.samplers)) if b[1] > b[0]]
+        actors = [self.samplers[i] for i in range(len(bounds))]
+        parts = self._get([a.generate_eval.remote(iteration, prompts[lo:hi], greedy, samples, lo)
+                           for a, (lo, hi) in zip(actors, bounds)], actors, "generate_eval")
+        metas = [m for _, m in parts]
+        return pa.concat_tables([t for t, _ in parts]), {"seconds": max(m["seconds"] for m in metas),
+                                                        "policy_version": metas[0]["policy_version"]}
 
+    # ------------------------------------------------------------------------------------------------ train
     def train(self, iteration: int) -> dict[str, Any]:
-        return self._call("train", iteration)
+        return merge_train_metrics(self._on_learners("train", iteration))
 
-    def sync(self) -> dict[str, float]:
-        return self._call("sync")
+    # ------------------------------------------------------------------------------------------------- sync
+    def sync(self) -> dict[str, Any]:
+        """Push the learner's weights to every sampler with the configured transport."""
+        started = time.perf_counter()
+        if self.transport == "inprocess":
+            outs = self._on_learners("push_inprocess")
+            version, nbytes = int(outs[0]["version"]), outs[0]["bytes"]
+        elif self.transport == "files":
+            version = self._publish()
+            self._on_samplers("load_published", version)
+            nbytes = None
+        else:
+            raise NotImplementedError(f"weights.transport={self.transport} is not available yet")
+        return {"seconds": time.perf_counter() - started, "version": float(version), "transport": self.transport,
+                **({"bytes": nbytes} if nbytes is not None else {})}
 
-    def check_sync(self, iteration: int, name: str, rows: int) -> dict[str, float]:
-        return self._call("check_sync", iteration, name, rows)
+    def _publish(self) -> int:
+        """Files transport: rank 0 writes the current version (if not there) and drops versions no sampler needs."""
+        serving = [v["sampler"] for v in self._get([s.versions.remote() for s in self.samplers], self.samplers,
+                                                   "versions")]
+        out = self._on_rank0("publish", [v for v in serving if v is not None])
+        return int(out["version"])
+
+    def check_sync(self, rows: dict[int, tuple[list[list[int]], list[int]]]) -> dict[str, float]:
+        """Max |sampler logprob - learner logprob| over some sequences of every sampler (``{sampler_id:
+        (sequences, prompt lengths)}``), right after a sync. Beyond float noise it means a sampler serves other
+        weights than the learner trains."""
+        ids = sorted(rows)
+        actors = [self.samplers[i] for i in ids]
+        sampled = self._get([a.sampler_logprobs.remote(*rows[i]) for a, i in zip(actors, ids)], actors,
+                            "sampler_logprobs")
+        seqs = [s for i in ids for s in rows[i][0]]
+        lens = [p for i in ids for p in rows[i][1]]
+        learned = self._on_learners("learner_logprobs", seqs, lens)[0]
+        out: dict[str, float] = {}
+        k, worst = 0, 0.0
+        for i, per_sampler in zip(ids, sampled):
+            diffs = [abs(a - b) for sa, la in zip(per_sampler, learned[k:k + len(per_sampler)])
+                     for a, b in zip(sa, la)]
+            k += len(per_sampler)
+            out[f"sync_logprob_max_diff_sampler{i}"] = max(diffs, default=0.0)
+            worst = max(worst, max(diffs, default=0.0))
+        out["sync_logprob_max_diff"] = worst
+        return out
 
     def serve_checkpoint(self, model_dir: str, version: int) -> float:
-        return self._call("serve_checkpoint", model_dir, version)
+        return max(self._on_samplers("serve_checkpoint", model_dir, version))
 
     def weights_digest(self) -> str:
-        return self._call("weights_digest")
+        return self._on_rank0("weights_digest")
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def checkpoint_begin(self, iteration: int) -> dict[str, Any]:
-        return self._call("checkpoint_begin", iteration)
+        outs = self._on_learners("checkpoint_begin", iteration)
+        self._checkpoint_results = [None] * len(self.learners)
+        return {"snapshot_seconds": max(o["snapshot_seconds"] for o in outs),
+                "policy_version": outs[0]["policy_version"]}
 
     def checkpoint_result(self, wait: bool = False) -> dict[str, Any] | None:
-        return self._call("checkpoint_result", wait)
+        """Every rank's written files of the pending checkpoint, merged (None until all ranks are done)."""
+        if self._checkpoint_results is None:
+            return None
+        todo = [r for r, res in enumerate(self._checkpoint_results) if res is None]
+        for r, res in zip(todo, self._on_learners("checkpoint_result", wait, ranks=todo)):
+            self._checkpoint_results[r] = res
+        if any(res is None for res in self._checkpoint_results):
+            return None
+        results, self._checkpoint_results = self._checkpoint_results, None
+        files = {name: rec for res in results for name, rec in res["files"].items()}
+        return {"files": files, "bytes": sum(res["bytes"] for res in results),
+                "write_seconds": max(res["write_seconds"] for res in results)}
 
     def restore(self, ref: CheckpointRef) -> dict[str, Any]:
-        return self._call("restore", {"iteration": ref.iteration, "policy_version": ref.policy_version,
-                                      "path": ref.path})
+        """Every learner rank loads the checkpoint, then the samplers get its weights."""
+        started = time.perf_counter()
+        payload = {"iteration": ref.iteration, "policy_version": ref.policy_version, "path": ref.path}
+        self._on_learners("restore", payload)
+        self._checkpoint_results = None
+        self.sync()
+        return {"seconds": time.perf_counter() - started, "policy_version": ref.policy_version}
 
     def save_final(self) -> dict[str, Any]:
-        return self._call("save_final")
+        return self._on_rank0("save_final")

@@ -6,6 +6,7 @@ thread count and cache folders through ``runtime_env``: Ray sets OMP_NUM_THREADS
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -14,36 +15,57 @@ from typing import Any
 # cluster.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import ray  # noqa: E402
+from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
-from grpo_core.config import GRPOConfig
+from grpo_core.config import GRPOConfig, RoleResources  # noqa: E402
 
 # Environment every actor inherits: offline hub, caches inside the project, in-process vLLM on loopback.
 _PASSTHROUGH = ("TORCH_EXTENSIONS_DIR", "VLLM_CACHE_ROOT", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-                "VLLM_CPU_KVCACHE_SPACE", "PYTHONPATH", "DS_BUILD_OPS")
+                "VLLM_CPU_KVCACHE_SPACE", "PYTHONPATH", "DS_BUILD_OPS", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+PLACEMENT_TIMEOUT_S = 120.0
 
 
-def actor_env(threads: int) -> dict[str, str]:
+def actor_env(threads: int, local: bool) -> dict[str, str]:
     env = {k: os.environ[k] for k in _PASSTHROUGH if k in os.environ}
     env.update({
         "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_HOST_IP": "127.0.0.1",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false", "MASTER_ADDR": "127.0.0.1",
+        "TOKENIZERS_PARALLELISM": "false",
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
     })
+    if local:  # one machine: gloo's sockets on loopback only (its default follows the hostname)
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     return env
 
 
+def _roles(cfg: GRPOConfig) -> list[tuple[str, int, RoleResources]]:
+    """(role, actor count, resources per actor) of the placement."""
+    c = cfg.cluster
+    if c.placement == "colocate":
+        return [("policy", c.learners, c.learner_resources)]
+    return [("sampler", c.samplers, c.sampler_resources), ("learner", c.learners, c.learner_resources)]
+
+
 def start_ray(cfg: GRPOConfig) -> dict[str, Any]:
-    """Connect to ``cluster.ray_address`` or start a local, loopback-only Ray. Returns the cluster resources."""
+    """Connect to ``cluster.ray_address`` or start a local, loopback-only Ray. Returns the cluster resources.
+
+    A local Ray gets at least as many logical CPUs as the placement reserves: on a small machine the roles take
+    turns (a synchronous iteration samples, then trains), so oversubscribing cores is the expected use."""
     if ray.is_initialized():
         return ray.cluster_resources()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if cfg.cluster.ray_address:
         ray.init(address=cfg.cluster.ray_address, log_to_driver=True)
     else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
-                 log_to_driver=True, configure_logging=False)
+        wanted = sum(count * res.num_cpus for _, count, res in _roles(cfg))
+        custom: dict[str, float] = {}
+        for _, count, res in _roles(cfg):
+            for key, amount in res.resources.items():
+                custom[key] = custom.get(key, 0.0) + count * amount
+        ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), resources=custom or None,
+                 include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False)
     return ray.cluster_resources()
 
 
@@ -52,15 +74,73 @@ def stop_ray() -> None:
         ray.shutdown()
 
 
-def create_policy_worker(cfg: GRPOConfig):
-    """The colocated actor (sampler + learner), created once per flow run. Single-threaded on purpose: two
-    concurrent ``generate`` calls corrupt an in-process vLLM engine."""
-    from grpo_core.policy_worker import PolicyWorker
+def _bundle(res: RoleResources) -> dict[str, float]:
+    bundle = {"CPU": res.num_cpus, **res.resources}
+    if res.num_gpus:
+        bundle["GPU"] = res.num_gpus
+    return bundle
 
-    threads = cfg.cluster.torch_threads or os.cpu_count() or 1
-    actor_cls = ray.remote(PolicyWorker)
-    return actor_cls.options(num_cpus=cfg.cluster.num_cpus, max_restarts=0, max_concurrency=1,
-                             runtime_env={"env_vars": actor_env(threads)}).remote(cfg)
+
+def create_engine_actors(cfg: GRPOConfig) -> tuple[list, list, list]:
+    """The engine actors of the placement, not yet set up: (samplers, learners, placement groups). Colocated
+    actors appear in both lists. Each role is gang-placed with a placement group, which fails with a clear message
+    when the cluster cannot hold it instead of waiting forever. Single-threaded actors on purpose: two concurrent
+    ``generate`` calls corrupt an in-process vLLM engine."""
+    from grpo_core.engine_worker import EngineWorker
+
+    actor_cls = ray.remote(EngineWorker)
+    local = not cfg.cluster.ray_address
+    samplers, learners, groups = [], [], []
+    for role, count, res in _roles(cfg):
+        group = placement_group([_bundle(res)] * count, strategy="PACK", name=f"grpo-{cfg.run_name}-{role}")
+        try:
+            ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(group)
+            raise RuntimeError(
+                f"Ray cannot place {count} {role} actor(s) of {_bundle(res)} each within {PLACEMENT_TIMEOUT_S:.0f}s; "
+                f"the cluster has {ray.available_resources()} available (cluster.{role if role != 'policy' else 'learner'}"
+                f"_resources, cluster.samplers/learners)") from None
+        groups.append(group)
+        threads = res.torch_threads or os.cpu_count() or 1
+        for i in range(count):
+            handle = actor_cls.options(
+                num_cpus=res.num_cpus, num_gpus=res.num_gpus, resources=res.resources or None,
+                max_restarts=0, max_concurrency=1, name=None,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group,
+                                                                     placement_group_bundle_index=i),
+                runtime_env={"env_vars": actor_env(threads, local)},
+            ).remote(cfg, sampler_id=i if role in ("policy", "sampler") else None,
+                     learner_rank=i if role in ("policy", "learner") else None)
+            if role in ("policy", "sampler"):
+                samplers.append(handle)
+            if role in ("policy", "learner"):
+                learners.append(handle)
+    return samplers, learners, groups
+
+
+def create_sampler_actor(cfg: GRPOConfig, sampler_id: int, group) -> Any:
+    """A replacement sampler in the bundle a dead one held (split placement)."""
+    from grpo_core.engine_worker import EngineWorker
+
+    res = cfg.cluster.sampler_resources
+    return ray.remote(EngineWorker).options(
+        num_cpus=res.num_cpus, num_gpus=res.num_gpus, resources=res.resources or None, max_restarts=0,
+        max_concurrency=1,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group,
+                                                             placement_group_bundle_index=sampler_id),
+        runtime_env={"env_vars": actor_env(res.torch_threads or os.cpu_count() or 1, not cfg.cluster.ray_address)},
+    ).remote(cfg, sampler_id=sampler_id, learner_rank=None)
+
+
+def node_ip(handle) -> str:
+    """The address of the node an actor runs on."""
+    return ray.get(handle.__ray_call__.remote(lambda _self: ray.util.get_node_ip_address()))
+
+
+def remove_groups(groups: list) -> None:
+    for group in groups:
+        remove_placement_group(group)
 
 
 def call(handle_method, *args, **kwargs):

@@ -21,6 +21,7 @@ ROLLOUT_FIELDS = [
     pa.field("truncated", pa.bool_(), nullable=False),      # stopped by max_new_tokens, not by EOS
     pa.field("response_length", pa.int32(), nullable=False),
     pa.field("policy_version", pa.int64(), nullable=False),  # learner step of the weights that sampled it
+    pa.field("sampler_id", pa.int32(), nullable=False),      # which sampler engine drew it
 ]
 ROLLOUT_SCHEMA = pa.schema(ROLLOUT_FIELDS)
 

@@ -33,6 +33,7 @@ class SamplerSpec:
     max_model_len: int = 1024
     enforce_eager: bool = True
     gpu_memory_utilization: float = 0.5
+    tensor_parallel_size: int = 1
 
 
 class VLLMSampler:
@@ -46,7 +47,9 @@ class VLLMSampler:
             seed=spec.seed,
             enforce_eager=spec.enforce_eager,
             max_model_len=spec.max_model_len,
-            distributed_executor_backend="uni",
+            # One worker in this process ("uni"); tensor parallelism needs vLLM's own worker processes ("mp").
+            distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else "mp",
+            tensor_parallel_size=spec.tensor_parallel_size,
             worker_extension_cls="grpo_core.rollout.worker_ext.WeightReceiver",
             # Logprobs after temperature/top-p: the distribution the tokens were actually drawn from, which is what
             # the learner's importance ratios are measured against.

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -106,10 +106,12 @@ class Learner:
         self.init_seconds = time.perf_counter() - started
 
     # ----------------------------------------------------------------------------------------------- logprobs
-    def _forward_logprobs(self, model, mb: TokenBatch, entropy: str = "none"):
-        """-> (logprobs [B, L-1], entropy [B, L-1] or None). entropy: "none", "metric" (no grad) or "loss"."""
+    def _forward_logprobs(self, model, mb: TokenBatch, entropy: str = "none", temperature: float | None = None):
+        """-> (logprobs [B, L-1], entropy [B, L-1] or None). entropy: "none", "metric" (no grad) or "loss".
+        ``temperature``: None is the sampling temperature (what the policy loss needs)."""
         out = model(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
-        logp = token_logprobs(out.logits, mb.input_ids.to(self.device), self.spec.temperature)
+        logp = token_logprobs(out.logits, mb.input_ids.to(self.device),
+                              self.spec.temperature if temperature is None else temperature)
         if entropy == "none":
             return logp, None
         scaled = out.logits[:, :-1].float() / self.spec.temperature
@@ -119,10 +121,12 @@ class Learner:
             return logp, entropy_from_logits(scaled)
 
     @torch.no_grad()
-    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        """[B, L-1] logprobs of the current policy, in micro-batches, no grad."""
+    def logprobs(self, batch: TokenBatch, temperature: float | None = None) -> torch.Tensor:
+        """[B, L-1] logprobs of the current policy, in micro-batches, no grad (at the sampling temperature unless
+        ``temperature`` is given)."""
         self.engine.eval()
-        parts = [self._forward_logprobs(self.engine, batch.select(slice(i, i + self.micro_batch_size)))[0].cpu()
+        parts = [self._forward_logprobs(self.engine, batch.select(slice(i, i + self.micro_batch_size)),
+                                        temperature=temperature)[0].cpu()
                  for i in range(0, len(batch), self.micro_batch_size)]
         self.engine.train()
         return _cat_padded(parts)
@@ -137,21 +141,33 @@ class Learner:
         return _cat_padded(parts)
 
     # ------------------------------------------------------------------------------------------------- step
-    def train_step(self, batch: TokenBatch) -> dict[str, float]:
-        """One scored batch -> ``ppo_epochs x (B / mini_batch)`` optimizer steps. Returns step metrics."""
+    def train_step(self, batch: TokenBatch, rank: int = 0, world_size: int = 1) -> dict[str, float]:
+        """One scored batch -> ``ppo_epochs x (B / mini_batch)`` optimizer steps. Returns step metrics.
+
+        Data parallel: every rank gets the whole batch and trains on its share of each mini-batch (rows
+        ``rank * share .. (rank + 1) * share`` of it). Loss denominators are those of the whole mini-batch and each
+        rank's loss is scaled by ``world_size`` against DeepSpeed's gradient averaging, so the K ranks' step is the
+        step one rank takes on the whole batch. The reported ``loss`` is this rank's part (the parts sum to the
+        mini-batch loss)."""
         started = time.perf_counter()
         n = len(batch)
-        mini = self.micro_batch_size * self.grad_accum_steps
+        share = self.micro_batch_size * self.grad_accum_steps  # sequences of a mini-batch on this rank
+        mini = share * world_size
         if n % mini:
             raise ValueError(f"batch of {n} rows is not a multiple of the mini-batch ({mini})")
         n_minis = n // mini
+        agg = self.algo.loss_agg_mode
+        norm_length = self.algo.loss_norm_length or self.spec.max_new_tokens
+        denominators = [max(1.0, loss_denominator(batch.select(slice(m * mini, (m + 1) * mini)).loss_mask, agg))
+                        for m in range(n_minis)]
+        if world_size > 1:
+            batch = batch.select(torch.cat([torch.arange(m * mini + rank * share, m * mini + (rank + 1) * share)
+                                            for m in range(n_minis)]))
         on_policy = self.train_cfg.ppo_epochs == 1 and n_minis == 1
         # Old logprobs once per batch; when the batch makes a single optimizer step they equal the current
         # logprobs, so the extra forward pass is skipped (ratio = 1 exactly, as in verl).
         old_logp = None if on_policy else self.logprobs(batch)
         ref_logp = self.ref_logprobs(batch) if self.ref_model is not None else None
-        agg = self.algo.loss_agg_mode
-        norm_length = self.algo.loss_norm_length or self.spec.max_new_tokens
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
 
@@ -163,10 +179,10 @@ class Learner:
         grad_norms = []
         for _epoch in range(self.train_cfg.ppo_epochs):
             for m in range(n_minis):
-                mini_idx = slice(m * mini, (m + 1) * mini)
+                mini_idx = slice(m * share, (m + 1) * share)
                 mini_batch = batch.select(mini_idx)
-                denom = max(1.0, loss_denominator(mini_batch.loss_mask, agg))
-                for start in range(0, mini, self.micro_batch_size):
+                denom = denominators[m]
+                for start in range(0, share, self.micro_batch_size):
                     idx = slice(start, start + self.micro_batch_size)
                     mb = mini_batch.select(idx)
                     mask = mb.loss_mask.to(self.device)
@@ -198,7 +214,7 @@ class Learner:
                             entropy, mask, agg, norm_length=norm_length, global_denominator=denom)
                     tokens = mask.sum().clamp(min=1)
                     record({"entropy": float((entropy.detach() * mask).sum() / tokens)})
-                    self.engine.backward(loss, scale_wrt_gas=False)
+                    self.engine.backward(loss * world_size if world_size > 1 else loss, scale_wrt_gas=False)
                     self.engine.step()
                     record({"loss": float(loss.detach())})
                 grad_norm = self.engine.get_global_grad_norm()
@@ -210,15 +226,20 @@ class Learner:
         out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         out["lr"] = float(self.scheduler.get_last_lr()[0])
         out["optimizer_steps"] = float(self.train_cfg.ppo_epochs * n_minis)
-        out["tokens"] = float(batch.loss_mask.sum())
+        out["tokens"] = float(batch.loss_mask.sum())  # this rank's
         out["seconds"] = time.perf_counter() - started
         return out
 
     # ---------------------------------------------------------------------------------------------- weights
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The full state dict in HF names (what vLLM's loader expects)."""
-        for name, tensor in self.engine.module.state_dict().items():
-            yield name, tensor.detach()
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The full state dict in HF names (what vLLM's loader expects). Under ZeRO-3 the partitioned parameters
+        are gathered first: a collective, so every rank must call it together."""
+        if self.train_cfg.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None):
+                return [(name, t.detach().clone()) for name, t in self.engine.module.state_dict().items()]
+        return [(name, t.detach()) for name, t in self.engine.module.state_dict().items()]
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def snapshot(self, rank: int = 0) -> Snapshot:
@@ -246,7 +267,7 @@ class Learner:
     def hf_snapshot(self) -> Snapshot:
         """The policy in HF format (one safetensors file + config), copied now; transformers and vLLM load it."""
         module = self.engine.module
-        tensors = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in module.state_dict().items()}
+        tensors = {name: t.to("cpu", copy=True).contiguous() for name, t in self.named_weights()}
         if getattr(module.config, "tie_word_embeddings", False):
             tensors.pop("lm_head.weight", None)  # the embedding is the output layer; HF drops the tied copy too
         snap = Snapshot()

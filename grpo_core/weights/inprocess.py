@@ -12,7 +12,7 @@ from grpo_core.train.learner import Learner
 
 def push_in_process(learner: Learner, sampler: VLLMSampler) -> dict[str, float]:
     started = time.perf_counter()
-    weights = list(learner.named_weights())
+    weights = learner.named_weights()
     n_bytes = sum(t.numel() * t.element_size() for _, t in weights)
     sampler.load_weights(weights, version=learner.version)
     return {"seconds": time.perf_counter() - started, "tensors": float(len(weights)), "bytes": float(n_bytes),

@@ -1,0 +1,350 @@
+"""The engines of one Ray actor: a vLLM sampler, a DeepSpeed learner rank, or both (the colocated placement).
+
+This is a plain class (testable without Ray); ``grpo_core.cluster`` places it as long-lived actors. Construction is
+cheap; ``setup`` builds the engines, so that the learner ranks of a run can first agree on where their process
+group meets (rank 0's ``address``) and then start together. Sampler methods return their rows (Arrow tables)
+to the caller, who writes the stage output once for all samplers; learner methods read their inputs from the run
+folder and write their outputs there.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import tempfile
+import time
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from grpo_core import checkpoint
+from grpo_core.checkpoint import CheckpointRef, CheckpointWriter, Snapshot
+from grpo_core.config import GRPOConfig
+from grpo_core.data.schemas import rollouts_table
+from grpo_core.rollout.sampler import Sample, SamplerSpec, VLLMSampler
+from grpo_core.storage import RunStore
+from grpo_core.train.batch import pack_batch
+from grpo_core.train.learner import Learner, LearnerSpec
+from grpo_core.weights.inprocess import push_in_process
+
+# Files of an HF model folder that describe its tokenizer (copied next to the trained weights).
+_TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template", "vocab", "merges", "added_tokens")
+# weights/v-000042/: the files transport's published versions; READY is written last.
+PUBLISHED = "weights"
+READY = "READY"
+
+
+def published_path(version: int) -> str:
+    return f"{PUBLISHED}/v-{version:06d}"
+
+
+def sampling_seed(seed: int, iteration: int, group: int) -> int:
+    """The seed of one group's samples: distinct per (run seed, iteration, group), whichever sampler draws them
+    (vLLM adds 0..G-1 for the group's samples)."""
+    return (seed * 1_000_003 + iteration * 10_007 + group * 1_009) % (2**31 - 1)
+
+
+def _tokenizer_snapshot(model_path: str) -> Snapshot:
+    snap = Snapshot()
+    for name in sorted(os.listdir(model_path)):
+        src = os.path.join(model_path, name)
+        if name.startswith(_TOKENIZER_FILES) and os.path.isfile(src):
+            with open(src, "rb") as fh:
+                snap.add_bytes(name, fh.read())
+    return snap
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def init_learner_group(master_addr: str, master_port: int, rank: int, world_size: int) -> None:
+    """The learner ranks' torch.distributed default group (gloo on CPU, NCCL on GPU). In a colocated actor it is
+    created before vLLM, which then runs inside it as a world of tensor-parallel groups of one."""
+    import torch.distributed as dist
+
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
+                       "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)})
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                            world_size=world_size)
+
+
+class EngineWorker:
+    def __init__(self, cfg: GRPOConfig, sampler_id: int | None = None, learner_rank: int | None = None):
+        if sampler_id is None and learner_rank is None:
+            raise ValueError("an engine worker holds a sampler, a learner rank, or both")
+        self.cfg = cfg
+        self.sampler_id, self.learner_rank = sampler_id, learner_rank
+        self.store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
+        self.sampler: VLLMSampler | None = None
+        self.learner: Learner | None = None
+        self.startup_seconds = 0.0
+        self._checkpoint: CheckpointWriter | None = None
+        # (iteration, metrics) of the last update: a retried train call (its output write failed) must not step
+        # the optimizer twice.
+        self._last_train: tuple[int, dict[str, Any]] | None = None
+
+    def free_port(self, host: str) -> int:
+        """A free port on this actor's node (learner rank 0 hosts the learners' rendezvous there)."""
+        return free_port(host)
+
+    def setup(self, master_addr: str | None = None, master_port: int | None = None) -> dict[str, Any]:
+        """Build the engines: the learner group (all ranks call this together), vLLM, DeepSpeed."""
+        from transformers import AutoTokenizer
+
+        cfg = self.cfg
+        started = time.perf_counter()
+        if self.learner_rank is not None:
+            if master_addr is None or master_port is None:
+                raise ValueError("a learner rank needs the rendezvous address of rank 0")
+            init_learner_group(master_addr, master_port, self.learner_rank, cfg.cluster.learners)
+        if self.sampler_id is not None:
+            self.sampler = VLLMSampler(SamplerSpec(
+                model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed, kv_cache_mb=cfg.rollout.kv_cache_mb,
+                max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
+                enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                tensor_parallel_size=cfg.rollout.tensor_parallel_size))
+        if self.learner_rank is not None:
+            tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+            self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            self.learner = Learner(
+                LearnerSpec(model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed,
+                            total_steps=cfg.iterations * cfg.optimizer_steps_per_iteration,
+                            temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens),
+                cfg.algo, cfg.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
+        self.startup_seconds = time.perf_counter() - started
+        return self.info()
+
+    # ------------------------------------------------------------------------------------------------ status
+    def info(self) -> dict[str, Any]:
+        return {"sampler_id": self.sampler_id, "learner_rank": self.learner_rank,
+                "sampler_version": self.sampler.version if self.sampler else None,
+                "learner_version": self.learner.version if self.learner else None,
+                "sampler_load_s": self.sampler.load_seconds if self.sampler else 0.0,
+                "learner_init_s": self.learner.init_seconds if self.learner else 0.0,
+                "startup_s": self.startup_seconds, "pid": os.getpid(), "host": socket.gethostname()}
+
+    def versions(self) -> dict[str, int | None]:
+        return {"sampler": self.sampler.version if self.sampler else None,
+                "learner": self.learner.version if self.learner else None}
+
+    # ------------------------------------------------------------------------------------------ sampler side
+    def sample(self, iteration: int, prompts: list[dict[str, Any]], group_offset: int) -> tuple[pa.Table, dict]:
+        """G responses for each prompt (``{"prompt_id", "prompt_token_ids", "columns"}``); ``group_offset`` is the
+        index of the first prompt in the iteration's batch (it decides group ids and seeds)."""
+        ro = self.cfg.rollout
+        started = time.perf_counter()
+        seeds = [sampling_seed(self.cfg.seed, iteration, group_offset + gi) for gi in range(len(prompts))]
+        groups = self.sampler.generate([p["prompt_token_ids"] for p in prompts], n=ro.samples_per_prompt,
+                                       max_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
+                                       seeds=seeds)
+        seconds = time.perf_counter() - started
+        table = self._rows(iteration, prompts, groups, group_offset)
+        return table, {"seconds": seconds, "policy_version": self.sampler.version, "sampler_id": self.sampler_id}
+
+    def generate_eval(self, iteration: int, prompts: list[dict[str, Any]], greedy: bool, samples: int,
+                      group_offset: int) -> tuple[pa.Table, dict]:
+        """Responses on the eval split: greedy (one per prompt) or sampled at the rollout temperature."""
+        ro = self.cfg.rollout
+        started = time.perf_counter()
+        token_lists = [p["prompt_token_ids"] for p in prompts]
+        if greedy:
+            groups = [[s] for s in self.sampler.generate_greedy(token_lists, max_tokens=ro.max_new_tokens)]
+        else:
+            seeds = [sampling_seed(self.cfg.seed, iteration, 10**6 + group_offset + i) for i in range(len(prompts))]
+            groups = self.sampler.generate(token_lists, n=samples, max_tokens=ro.max_new_tokens,
+                                           temperature=ro.temperature, top_p=ro.top_p, seeds=seeds)
+        table = self._rows(iteration, prompts, groups, group_offset)
+        return table, {"seconds": time.perf_counter() - started, "policy_version": self.sampler.version}
+
+    def sampler_logprobs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
+        """The sampler's raw (temperature 1) logprobs of each sequence's tokens after its prompt."""
+        return self.sampler.score_tokens(sequences, prompt_lens)
+
+    def serve_checkpoint(self, model_dir: str, version: int) -> float:
+        """Load HF-format weights from a local folder into the sampler, serving them as ``version`` (a restarted
+        sampler is in this state with its original weights)."""
+        return self.sampler.load_weights_from_dir(model_dir, version)
+
+    def load_published(self, version: int) -> dict[str, float]:
+        """Catch up through the files transport: load ``weights/v-N/`` from the run store."""
+        started = time.perf_counter()
+        rel = published_path(version)
+        local = self.store.local_path(rel)
+        if local is not None:
+            self.sampler.load_weights_from_dir(local, version)
+        else:
+            with tempfile.TemporaryDirectory(prefix="grpo-weights-") as tmp:
+                for name in self.store.list_files(rel):
+                    if name.endswith(".safetensors"):
+                        self.store.get_file(f"{rel}/{name}", os.path.join(tmp, name))
+                self.sampler.load_weights_from_dir(tmp, version)
+        return {"seconds": time.perf_counter() - started, "version": float(version)}
+
+    # ------------------------------------------------------------------------------------------ learner side
+    def train(self, iteration: int, name: str = "scored.parquet") -> dict[str, Any]:
+        """This rank's share of one policy update on the iteration's scored batch (every rank reads the whole batch:
+        loss denominators are those of whole mini-batches). Rank 0 writes train.json with the metrics of all ranks
+        merged by the caller; a retried call for the same iteration returns the same result without stepping."""
+        if self._last_train is not None and self._last_train[0] == iteration:
+            return self._last_train[1]
+        table = self.store.get_table(iteration, name)
+        cols = table.select(["prompt_token_ids", "response_token_ids", "sampler_logprobs", "advantage", "kept"])
+        data = cols.to_pydict()
+        batch = pack_batch(data["prompt_token_ids"], data["response_token_ids"], data["sampler_logprobs"],
+                           data["advantage"], data["kept"], self.pad_id)
+        extra: dict[str, float] = {}
+        if self.cfg.algo.kl_in_reward:
+            batch.advantages, extra = self._kl_shaped_advantages(batch, table.column("shaped_reward").to_pylist())
+        metrics = self.learner.train_step(batch, rank=self.learner_rank, world_size=self.cfg.cluster.learners)
+        metrics.update(extra)
+        metrics["policy_version"] = self.learner.version
+        self._last_train = (iteration, metrics)
+        return metrics
+
+    def _kl_shaped_advantages(self, batch, rewards: list[float]) -> tuple[torch.Tensor, dict[str, float]]:
+        """KL in the reward: r - kl_coeff * KL(policy || ref) summed over the response, then advantages again
+        (over the whole batch on every rank: groups need all their members)."""
+        from grpo_core.algo import apply_kl_to_reward, compute_advantages
+
+        algo, g = self.cfg.algo, self.cfg.rollout.samples_per_prompt
+        old, ref = self.learner.logprobs(batch), self.learner.ref_logprobs(batch)
+        shaped, metrics = apply_kl_to_reward(torch.tensor(rewards, dtype=torch.float64), old.double(), ref.double(),
+                                             batch.loss_mask, algo.kl_coeff, algo.kl_estimator)
+        advantages, m = compute_advantages(shaped.view(-1, g), algo.advantage_estimator, algo.advantage_scale)
+        metrics.update({f"kl_reward_{k}": v for k, v in m.items()})
+        return advantages.reshape(-1).float(), metrics
+
+    def learner_logprobs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
+        """The learner's raw (temperature 1, as vLLM's prompt logprobs) logprobs of each sequence's tokens after its
+        prompt. Every learner rank must run it (a ZeRO-3 forward is a collective)."""
+        batch = pack_batch([s[:p] for s, p in zip(sequences, prompt_lens)],
+                           [s[p:] for s, p in zip(sequences, prompt_lens)], None,
+                           [0.0] * len(sequences), [True] * len(sequences), self.pad_id)
+        logp = self.learner.logprobs(batch, temperature=1.0)
+        return [logp[i, p - 1: len(s) - 1].tolist() for i, (s, p) in enumerate(zip(sequences, prompt_lens))]
+
+    def push_inprocess(self) -> dict[str, float]:
+        """Colocated: the learner's tensors straight into this actor's sampler."""
+        return push_in_process(self.learner, self.sampler)
+
+    def _joins_gather_only(self) -> bool:
+        """On a learner rank other than 0, take part in gathering full weights (ZeRO-3's collective) and stop."""
+        if self.learner_rank == 0:
+            return False
+        if self.cfg.train.zero_stage == 3:
+            self.learner.named_weights()
+        return True
+
+    def publish(self, keep_versions: list[int]) -> dict[str, Any] | None:
+        """Files transport (rank 0): write the current weights to ``weights/v-N/`` (safetensors, config; READY
+        last) unless already there, and delete published versions no sampler still needs."""
+        if self._joins_gather_only():
+            return None
+        started = time.perf_counter()
+        version = self.learner.version
+        rel = published_path(version)
+        wrote = False
+        if not self.store.exists(f"{rel}/{READY}"):
+            CheckpointWriter(self.store, rel, self.learner.hf_snapshot(),
+                             retry_delays=self.cfg.storage.retry_delays).start().result(wait=True)
+            self.store.put_bytes(f"{rel}/{READY}", str(version).encode())
+            wrote = True
+        keep = {published_path(v).rsplit("/", 1)[-1] for v in keep_versions} | {rel.rsplit("/", 1)[-1]}
+        for name in self.store.list_dirs(PUBLISHED):
+            if name not in keep:
+                self.store.delete(f"{PUBLISHED}/{name}")
+        return {"seconds": time.perf_counter() - started, "version": version, "wrote": wrote}
+
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def checkpoint_begin(self, iteration: int) -> dict[str, Any]:
+        """Copy this rank's state after ``iteration`` to memory (rank 0 adds the policy in HF format, the
+        tokenizer and state.json) and start writing it to ``checkpoints/iter-N/`` in the background; training may
+        go on at once. Every learner rank calls this together (DeepSpeed's save is a collective). The flow commits
+        the checkpoint after ``checkpoint_result`` reports every rank's files written."""
+        if self._checkpoint is not None and not self._checkpoint.done:
+            raise RuntimeError(f"checkpoint {self._checkpoint.folder} is still being written; commit it first")
+        started = time.perf_counter()
+        snap = self.learner.snapshot(rank=self.learner_rank)
+        if self.learner_rank != 0:
+            self._joins_gather_only()
+        else:
+            snap.update(self._policy_snapshot())
+            snap.add_json(checkpoint.STATE, {"iteration": iteration, "next_iteration": iteration + 1,
+                                             "policy_version": self.learner.version, "seed": self.cfg.seed,
+                                             "run_name": self.cfg.run_name, "learners": self.cfg.cluster.learners})
+        seconds = time.perf_counter() - started
+        self._checkpoint = CheckpointWriter(self.store, checkpoint.checkpoint_path(iteration), snap, seconds,
+                                            retry_delays=self.cfg.storage.retry_delays).start()
+        return {"folder": self._checkpoint.folder, "snapshot_seconds": seconds,
+                "policy_version": self.learner.version}
+
+    def checkpoint_result(self, wait: bool = False) -> dict[str, Any] | None:
+        """This rank's written files of the pending checkpoint (None while writing; raises if writing failed)."""
+        if self._checkpoint is None:
+            return None
+        out = self._checkpoint.result(wait=wait)
+        if out is not None:
+            self._checkpoint = None
+        return out
+
+    def restore(self, ref: dict[str, Any]) -> dict[str, Any]:
+        """Load a committed checkpoint into this learner rank (all ranks together); the caller then syncs the
+        samplers."""
+        started = time.perf_counter()
+        cref = CheckpointRef(**ref)
+        rank = self.learner_rank
+        with tempfile.TemporaryDirectory(prefix="grpo-restore-") as tmp:
+            folder = checkpoint.download(self.store, cref, tmp, only=checkpoint.files_of_rank(rank))
+            state = checkpoint.read_state(folder)
+            self.learner.load_state(folder, rank=rank, policy_version=int(state["policy_version"]))
+        self._last_train = None
+        return {"seconds": time.perf_counter() - started, "policy_version": self.learner.version}
+
+    def save_final(self, folder: str = "final") -> dict[str, Any]:
+        """Rank 0: the trained policy in HF format (weights + tokenizer) under ``<run>/<folder>/``, manifest last."""
+        import json
+
+        if self._joins_gather_only():
+            return None
+        written = CheckpointWriter(self.store, folder, self._policy_snapshot()).start().result(wait=True)
+        manifest = {"files": {name: rec["bytes"] for name, rec in written["files"].items()},
+                    "policy_version": self.learner.version}
+        self.store.put_bytes(f"{folder}/MANIFEST.json", json.dumps(manifest, indent=1).encode())
+        return {"folder": self.store.url(folder), **manifest}
+
+    def _policy_snapshot(self) -> Snapshot:
+        snap = self.learner.hf_snapshot()
+        snap.update(_tokenizer_snapshot(self.cfg.model.path))
+        return snap
+
+    def weights_digest(self) -> str:
+        """sha256 over the learner's parameters: tests check that training changed them."""
+        if self._joins_gather_only():
+            return ""
+        h = hashlib.sha256()
+        for name, t in self.learner.named_weights():
+            h.update(name.encode())
+            h.update(t.float().cpu().numpy().tobytes())
+        return h.hexdigest()
+
+    # --------------------------------------------------------------------------------------------- helpers
+    def _rows(self, iteration: int, prompts: list[dict[str, Any]], groups: list[list[Sample]],
+              group_offset: int) -> pa.Table:
+        """Rollout rows (the typed columns, then each prompt's dataset columns); grouped, in sample order."""
+        rows, columns = [], []
+        for gi, (prompt, samples) in enumerate(zip(prompts, groups)):
+            for si, s in enumerate(samples):
+                rows.append({
+                    "iteration": iteration, "prompt_id": prompt["prompt_id"], "group_id": group_offset + gi,
+                    "sample_idx": si, "prompt_token_ids": prompt["prompt_token_ids"],
+                    "response_token_ids": s.token_ids, "sampler_logprobs": s.logprobs, "response_text": s.text,
+                    "finish_reason": s.finish_reason, "truncated": s.finish_reason == "length",
+                    "response_length": len(s.token_ids), "policy_version": self.sampler.version,
+                    "sampler_id": self.sampler_id})
+                columns.append(prompt.get("columns", {}))
+        return rollouts_table(rows, columns)

@@ -1,0 +1,80 @@
+"""Data-parallel learner ranks: one optimizer step on 2 ranks (gloo, two processes) equals the step one rank takes
+on the whole batch, for ZeRO-2 and ZeRO-3."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _config(model: str, learners: int, zero: int, **train):
+    from grpo_core.config import build_config
+
+    return build_config({"model": {"path": model}, "data": {"train_path": "t"},
+                         "rollout": {"prompts_per_iteration": 2, "samples_per_prompt": 4},
+                         "cluster": {"placement": "split", "learners": learners},
+                         "algo": {"loss_agg_mode": "token_mean"},
+                         "train": {"lr": 1e-4, "micro_batch_size": 2, "zero_stage": zero, **train}})
+
+
+def _learner(model: str, learners: int, zero: int, **train):
+    from grpo_core.train.learner import Learner, LearnerSpec
+
+    cfg = _config(model, learners, zero, **train)
+    return Learner(LearnerSpec(model_path=model, total_steps=10), cfg.algo, cfg.train,
+                   micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
+
+
+def _rank_main(rank: int, port: int, model: str, zero: int, out: str, train: dict) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    from grpo_core.engine_worker import init_learner_group
+    from tests.test_learner import _batch
+
+    init_learner_group("127.0.0.1", port, rank, 2)
+    learner = _learner(model, 2, zero, **train)
+    metrics = learner.train_step(_batch(), rank=rank, world_size=2)
+    weights = dict(learner.named_weights())  # every rank (ZeRO-3 gathers collectively)
+    if rank == 0:
+        torch.save({"weights": weights, "metrics": metrics}, out)
+    else:
+        torch.save({"metrics": metrics}, out + ".rank1")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("zero,train", [(3, {}), (2, {"mini_batch_size": 4, "ppo_epochs": 2})],
+                         ids=["zero3", "zero2-minibatches-epochs"])
+def test_two_ranks_step_equals_one_rank_on_the_whole_batch(tiny_model, tmp_path, zero, train):
+    from tests.test_learner import _batch
+
+    ctx = mp.get_context("spawn")
+    out = str(tmp_path / "dp.pt")
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, tiny_model, zero, out, train)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(600)
+        assert p.exitcode == 0, f"rank process failed with {p.exitcode}"
+    dp = torch.load(out, weights_only=False)
+    rank1 = torch.load(out + ".rank1", weights_only=False)
+
+    single = _learner(tiny_model, 1, zero, **train)
+    metrics = single.train_step(_batch())
+    ref = dict(single.named_weights())
+    initial = dict(_learner(tiny_model, 1, zero, **train).named_weights())
+    worst = max(float((ref[k] - dp["weights"][k]).abs().max()) for k in ref)
+    moved = max(float((ref[k] - initial[k]).abs().max()) for k in ref)
+    assert moved > 5e-5, "the step must move the weights for the comparison to mean anything"
+    assert worst < 1e-6, f"2-rank step differs from the 1-rank step by {worst}"
+    # the ranks' loss parts add up to the whole mini-batch loss
+    assert dp["metrics"]["loss"] + rank1["metrics"]["loss"] == pytest.approx(metrics["loss"], abs=1e-6)
