@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from grpo_core.train.batch import pack_batch, token_logprobs
+from grpo_core.algo import entropy_from_logits
+from grpo_core.train.batch import pack_batch, token_logprobs, token_logprobs_and_entropy
 
 
 def test_pack_batch_aligns_response_columns_and_sampler_logprobs():
@@ -27,3 +28,28 @@ def test_token_logprobs_equal_log_softmax_gather():
     for temperature in (1.0, 0.7):
         expected = torch.log_softmax(logits[:, :-1] / temperature, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
         assert torch.allclose(token_logprobs(logits, ids, temperature).double(), expected, atol=1e-6)
+
+
+def test_fused_logprobs_and_entropy_match_the_unfused_path_values_and_gradients():
+    torch.manual_seed(0)
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        for temperature in (1.0, 0.7):
+            base = (torch.randn(3, 9, 50) * 3).to(dtype)
+            ids = torch.randint(0, 50, (3, 9))
+            g = torch.randn(3, 8)
+            ref_in = base.clone().requires_grad_(True)
+            ref = token_logprobs(ref_in, ids, temperature)
+            ref_ent = entropy_from_logits(base[:, :-1].float() / temperature)
+            (ref * g).sum().backward()
+            new_in = base.clone().requires_grad_(True)
+            logp, ent = token_logprobs_and_entropy(new_in, ids, temperature, chunk_rows=3)  # several chunks
+            (logp * g).sum().backward()
+            assert logp.dtype == torch.float32 and not ent.requires_grad
+            assert torch.allclose(logp, ref.float(), atol=1e-5, rtol=0)
+            assert torch.allclose(ent, ref_ent.float(), atol=1e-5, rtol=0)
+            assert new_in.grad.dtype == dtype
+            # float32 arithmetic in both; bf16 gradients may differ by one rounding step
+            assert torch.allclose(new_in.grad.double(), ref_in.grad.double(), atol=1e-5, rtol=2 ** -7)
+            assert torch.equal(new_in, base)  # the logits are not modified in place
+    logp, ent = token_logprobs_and_entropy(torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5)), with_entropy=False)
+    assert ent is None and logp.shape == (2, 4)

@@ -5,6 +5,7 @@ position j, so logprobs, old logprobs, sampler logprobs and the response mask li
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -67,3 +68,159 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
         logits = logits / temperature
     targets = input_ids[:, 1:].unsqueeze(-1)
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0,
+                               with_entropy: bool = True, chunk_rows: int = 1024):
+    """logits [B, L, V], input_ids [B, L] -> (logprobs [B, L-1] float32, entropy [B, L-1] float32 or None).
+
+    The values of ``token_logprobs(logits, input_ids, T)`` and of ``entropy_from_logits(logits[:, :-1].float() / T)``
+    (the entropy carries no gradient: it is the metric), without a float32 copy of the [B, L, V] logits: forward
+    reads the logits once and keeps one logsumexp per position; backward writes d logits = (onehot - softmax) x g / T
+    straight in the logits' dtype. On CUDA (with Triton) two kernels do it, one read of the logits forward and one
+    read + one write backward; elsewhere the same function runs in chunks of ``chunk_rows`` positions with torch ops.
+    """
+    backend = "triton" if logits.is_cuda and _triton_available() else "torch"
+    logp, entropy = _FusedTokenLogprobs.apply(logits.contiguous(), input_ids[:, 1:].contiguous(), float(temperature),
+                                             bool(with_entropy), backend, int(chunk_rows))
+    return logp, (entropy if with_entropy else None)
+
+
+class _FusedTokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, temperature, with_entropy, backend, chunk_rows):
+        B, L, V = logits.shape
+        f32, dev = torch.float32, logits.device
+        logp = torch.empty(B, L - 1, dtype=f32, device=dev)
+        lse = torch.empty(B, L - 1, dtype=f32, device=dev)
+        ent = torch.empty(B, L - 1 if with_entropy else 0, dtype=f32, device=dev)
+        if backend == "triton":
+            _triton_forward(logits, targets, logp, lse, ent, temperature, with_entropy)
+        else:
+            for b in range(B):
+                for j0 in range(0, L - 1, chunk_rows):
+                    j1 = min(L - 1, j0 + chunk_rows)
+                    z = logits[b, j0:j1].to(f32, copy=True)  # a copy: worked on in place below
+                    if temperature != 1.0:
+                        z.div_(temperature)
+                    t = targets[b, j0:j1, None]
+                    lp = torch.log_softmax(z, dim=-1)
+                    lp_t = lp.gather(-1, t).squeeze(-1)
+                    logp[b, j0:j1] = lp_t
+                    lse[b, j0:j1] = z.gather(-1, t).squeeze(-1) - lp_t
+                    if with_entropy:
+                        ent[b, j0:j1] = -(lp.exp_() * z.sub_(lse[b, j0:j1, None])).sum(-1)
+                    del z, lp
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature, ctx.backend, ctx.chunk_rows = temperature, backend, chunk_rows
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, _g_entropy):
+        logits, targets, lse = ctx.saved_tensors
+        T = ctx.temperature
+        B, L, V = logits.shape
+        grad = torch.empty_like(logits)
+        grad[:, -1].zero_()  # the last position predicts nothing
+        g_logp = g_logp.contiguous().float()
+        if ctx.backend == "triton":
+            _triton_backward(logits, targets, lse, g_logp, grad, T)
+        else:
+            for b in range(B):
+                for j0 in range(0, L - 1, ctx.chunk_rows):
+                    j1 = min(L - 1, j0 + ctx.chunk_rows)
+                    z = logits[b, j0:j1].to(torch.float32, copy=True)
+                    if T != 1.0:
+                        z.div_(T)
+                    p = z.sub_(lse[b, j0:j1, None]).exp_()  # softmax
+                    g = g_logp[b, j0:j1, None]
+                    p.mul_(-g).scatter_add_(-1, targets[b, j0:j1, None], g)
+                    if T != 1.0:
+                        p.div_(T)
+                    grad[b, j0:j1] = p
+                    del z, p
+        return grad, None, None, None, None, None
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _lp_fwd_kernel(logits_ptr, targets_ptr, logp_ptr, lse_ptr, ent_ptr, L1, stride_b, stride_l, V, inv_t,
+                       WITH_ENT: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)  # one position (b, j), j < L-1
+        b = pid // L1
+        j = pid - b * L1
+        row = logits_ptr + b.to(tl.int64) * stride_b + j.to(tl.int64) * stride_l
+        m = tl.full([], float("-inf"), tl.float32)  # running max
+        s = tl.full([], 0.0, tl.float32)             # running sum of exp(z - m)
+        t = tl.full([], 0.0, tl.float32)             # running sum of exp(z - m) * z, for the entropy
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            z = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+            m_new = tl.maximum(m, tl.max(z, axis=0))
+            scale = tl.exp(m - m_new)
+            e = tl.exp(z - m_new)
+            s = s * scale + tl.sum(e, axis=0)
+            if WITH_ENT:
+                t = t * scale + tl.sum(tl.where(e > 0, e * z, 0.0), axis=0)
+            m = m_new
+        lse = m + tl.log(s)
+        z_t = tl.load(row + tl.load(targets_ptr + pid)).to(tl.float32) * inv_t
+        tl.store(logp_ptr + pid, z_t - lse)
+        tl.store(lse_ptr + pid, lse)
+        if WITH_ENT:
+            tl.store(ent_ptr + pid, lse - t / s)
+
+    @triton.jit
+    def _lp_bwd_kernel(logits_ptr, grad_ptr, targets_ptr, lse_ptr, g_ptr, L1, stride_b, stride_l, V, inv_t,
+                       BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        b = pid // L1
+        j = pid - b * L1
+        offset = b.to(tl.int64) * stride_b + j.to(tl.int64) * stride_l
+        lse = tl.load(lse_ptr + pid)
+        g = tl.load(g_ptr + pid)
+        tgt = tl.load(targets_ptr + pid)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < V
+            z = tl.load(logits_ptr + offset + offs, mask=mask, other=0.0).to(tl.float32) * inv_t
+            p = tl.exp(z - lse)
+            d = tl.where(offs == tgt, g - g * p, -g * p) * inv_t
+            tl.store(grad_ptr + offset + offs, d.to(grad_ptr.dtype.element_ty), mask=mask)
+
+    return _lp_fwd_kernel, _lp_bwd_kernel
+
+
+def _triton_block(V: int) -> int:
+    return min(4096, 1 << max(0, (V - 1).bit_length()))
+
+
+def _triton_forward(logits, targets, logp, lse, ent, temperature, with_entropy) -> None:
+    fwd, _ = _triton_kernels()
+    B, L, V = logits.shape
+    if B * (L - 1):
+        fwd[(B * (L - 1),)](logits, targets, logp, lse, ent if with_entropy else lse, L - 1, logits.stride(0),
+                            logits.stride(1), V, 1.0 / temperature, WITH_ENT=with_entropy, BLOCK=_triton_block(V),
+                            num_warps=8)
+
+
+def _triton_backward(logits, targets, lse, g_logp, grad, temperature) -> None:
+    _, bwd = _triton_kernels()
+    B, L, V = logits.shape
+    if B * (L - 1):
+        bwd[(B * (L - 1),)](logits, grad, targets, lse, g_logp, L - 1, logits.stride(0), logits.stride(1), V,
+                            1.0 / temperature, BLOCK=_triton_block(V), num_warps=8)

@@ -24,7 +24,7 @@ from grpo_core.algo import (
 )
 from grpo_core.checkpoint import Snapshot
 from grpo_core.config import AlgoConfig, TrainConfig
-from grpo_core.train.batch import TokenBatch, token_logprobs
+from grpo_core.train.batch import TokenBatch, token_logprobs, token_logprobs_and_entropy
 
 # DeepSpeed's checkpoint tag: its files live under <checkpoint>/learner/.
 LEARNER_TAG = "learner"
@@ -38,6 +38,7 @@ class LearnerSpec:
     total_steps: int = 1          # optimizer steps in the run, for the lr schedule
     temperature: float = 1.0      # the sampling temperature: logits are divided by it, as the sampler did
     max_new_tokens: int = 256
+    fused_kernels: bool = False   # on CUDA: Liger's Triton kernels for RMSNorm, RoPE and SwiGLU (needs liger-kernel)
 
 
 def _lr_lambda(train: TrainConfig, total_steps: int):
@@ -80,6 +81,8 @@ class Learner:
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
         model.config.use_cache = False
+        if spec.fused_kernels and torch.cuda.is_available():
+            _apply_fused_kernels(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=train.betas,
                                       weight_decay=train.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(train, spec.total_steps))
@@ -109,9 +112,15 @@ class Learner:
     def _forward_logprobs(self, model, mb: TokenBatch, entropy: str = "none", temperature: float | None = None):
         """-> (logprobs [B, L-1], entropy [B, L-1] or None). entropy: "none", "metric" (no grad) or "loss".
         ``temperature``: None is the sampling temperature (what the policy loss needs)."""
-        out = model(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
-        logp = token_logprobs(out.logits, mb.input_ids.to(self.device),
-                              self.spec.temperature if temperature is None else temperature)
+        ids = mb.input_ids.to(self.device)
+        out = model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device))
+        temp = self.spec.temperature if temperature is None else temperature
+        if out.logits.is_cuda and entropy != "loss":
+            # On GPUs the logprobs (with grad) and the entropy metric come from one fused pass that never makes a
+            # float32 copy of the [B, L, V] logits (the copies capped the micro-batch and dominated step time on
+            # real vocabularies; benchmarks/gpu_learner.py). The entropy bonus needs d entropy / d logits: unfused.
+            return token_logprobs_and_entropy(out.logits, ids, temp, with_entropy=entropy == "metric")
+        logp = token_logprobs(out.logits, ids, temp)
         if entropy == "none":
             return logp, None
         scaled = out.logits[:, :-1].float() / self.spec.temperature
@@ -285,6 +294,17 @@ class Learner:
             raise FileNotFoundError(f"{folder}/{LEARNER_TAG}: DeepSpeed found no checkpoint to load")
         _set_rng_state(torch.load(os.path.join(folder, LEARNER_TAG, f"rng-rank-{rank}.pt"), weights_only=False))
         self.version = policy_version
+
+
+def _apply_fused_kernels(model) -> None:
+    """Liger's Triton kernels for RMSNorm, RoPE and SwiGLU, patched into this model instance (same parameters and
+    state dict; forward/backward only). Its fused cross-entropy stays off: the learner needs per-token logprobs."""
+    try:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+    except ImportError as exc:
+        raise RuntimeError("train.fused_kernels needs the liger-kernel package (pip install -e '.[gpu]')") from exc
+    _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False)
 
 
 class _CloningCheckpointEngine:
