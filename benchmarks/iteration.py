@@ -115,10 +115,11 @@ def kv_cache_mb(info: dict, sequences: int, tokens_per_seq: int) -> int:
 # ------------------------------------------------------------------------------------------------ flow
 
 def run_flow(model_dir: Path, root: Path, shape: dict, iterations: int, kv_mb: int,
-             checkpoint_interval: int = 0) -> dict:
+             checkpoint_interval: int = 0, overrides: list[str] | None = None) -> dict:
     import pyarrow.parquet as pq
 
     import flows.grpo_train as gt
+    from grpo_core.config import merge_trees, parse_overrides
     from grpo_core.storage import RunStore
 
     captured: dict = {"lines": []}
@@ -143,6 +144,7 @@ def run_flow(model_dir: Path, root: Path, shape: dict, iterations: int, kv_mb: i
         "storage": {"root": str(root)},
         "checkpoint": {"interval": checkpoint_interval},
     }
+    config = merge_trees(config, parse_overrides(overrides or []))
     t0 = time.perf_counter()
     error = None
     try:
@@ -364,6 +366,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (model, run folder)")
     parser.add_argument("--checkpoint-interval", type=int, default=0,
                         help="checkpoint.interval of the flow (default 0: none, the figures of the README)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override of the flow, e.g. --set cluster.placement=split (repeatable)")
+    parser.add_argument("--no-baselines", action="store_true", help="time the flow only")
     parser.add_argument("--_baseline", choices=["vllm", "train"], help=argparse.SUPPRESS)
     parser.add_argument("--_args", help=argparse.SUPPRESS)
     parser.add_argument("--_out", help=argparse.SUPPRESS)
@@ -389,7 +394,8 @@ def main() -> None:
               flush=True)
 
         print(f"flow: grpo_train, {iterations} iterations ...", flush=True)
-        flow = run_flow(work / "model", work / "runs", shape, iterations, kv_mb, args.checkpoint_interval)
+        flow = run_flow(work / "model", work / "runs", shape, iterations, kv_mb, args.checkpoint_interval,
+                        args.overrides)
         if flow.get("error"):
             print(flow["error"], flush=True)
 
@@ -398,10 +404,12 @@ def main() -> None:
                 "micro": shape["micro"], "pad_id": info["pad_id"], "repeats": args.repeats}
         spec_path = work / "baseline.json"
         spec_path.write_text(json.dumps(spec))
-        print("baseline: standalone vLLM generation ...", flush=True)
-        gen = run_baseline("vllm", spec_path, work / "vllm.json")
-        print("baseline: standalone torch train step ...", flush=True)
-        trn = run_baseline("train", spec_path, work / "train.json")
+        gen, trn = {}, {}
+        if not args.no_baselines:
+            print("baseline: standalone vLLM generation ...", flush=True)
+            gen = run_baseline("vllm", spec_path, work / "vllm.json")
+            print("baseline: standalone torch train step ...", flush=True)
+            trn = run_baseline("train", spec_path, work / "train.json")
         report(sys.argv, info, shape, flow, gen, trn, build_s)
     finally:
         if args.keep:

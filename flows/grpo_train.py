@@ -214,7 +214,8 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float) -> dict[str, A
         print(line)
     return {"run": store.uri, "iterations": cfg.iterations, "final_folder": saved["folder"],
             "final_eval_accuracy": last_eval["accuracy"] if last_eval else None, "summary": lines,
-            "resumed_from": resumed_from, "recoveries": ctx.status.recoveries}
+            "resumed_from": resumed_from, "recoveries": ctx.status.recoveries,
+            "replaced_samplers": ctx.engines.replaced_samplers, "actors": ctx.status.actors}
 
 
 def _run_iterations(ctx: RunContext, stages: _Stages, start: int) -> dict[str, Any] | None:
@@ -258,6 +259,7 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int) -> dict[str, A
                 "filtered_group_frac": sc.get("filtered_group_frac"),
                 "time_rollout_s": t2 - t1 - _score_seconds(sc), "time_score_s": _score_seconds(sc),
                 "sync_logprob_max_diff": sy.get("sync_logprob_max_diff"),
+                **{k: v for k, v in sy.items() if k.startswith("sync_logprob_max_diff_sampler")},
                 "time_train_s": t3 - t2, "time_sync_s": t4 - t3 - sy.get("check_seconds", 0.0),
                 "time_sync_check_s": sy.get("check_seconds"), "time_total_s": t4 - t0,
                 "time_overhead_s": (t4 - t1) - inside - _score_seconds(sc),

@@ -107,8 +107,8 @@ def _cmd_runs_show(args: argparse.Namespace) -> int:
     if s.latest_checkpoint:
         console.print(f"resume: grpo train with run_name={s.name} continues from {s.latest_checkpoint}")
     if status is not None and status.actors:
-        console.print("actors: " + ", ".join(f"{k} pid {v.get('pid')} on {v.get('host')}"
-                                            for k, v in status.actors.items()))
+        console.print("actors: " + "; ".join(f"{a.get('role')} pid {a.get('pid')} on {a.get('host')}"
+                                            for a in status.actors))
     metrics = store.read_metrics()
     if metrics.num_rows:
         cols = [c for c in ("iteration", "reward_mean", "eval_accuracy", "loss", "policy_version", "run_attempt",

@@ -140,6 +140,9 @@ class TrainConfig(_Section):
     micro_batch_size: int = Field(default=64, ge=1, description="sequences per forward/backward")
     ppo_epochs: int = Field(default=1, ge=1, description="passes over each batch (num_iterations in TRL)")
     zero_stage: Literal[0, 1, 2, 3] = 2
+    fused_kernels: bool = Field(
+        default=False, description="on CUDA: Liger's Triton kernels for RMSNorm, RoPE and SwiGLU in the learner "
+                                   "(needs liger-kernel, the [gpu] extra); no effect on CPU")
 
 
 class RoleResources(_Section):
@@ -157,7 +160,8 @@ class ClusterConfig(_Section):
     placement: Literal["colocate", "split", "external"] = Field(
         default="colocate", description="colocate: each actor holds a sampler and a learner rank, weights move "
                                         "in-process; split: sampler actors and learner actors apart")
-    samplers: int = Field(default=1, ge=1, description="vLLM engines, one Ray actor each")
+    samplers: int = Field(default=1, ge=1, description="vLLM engines, one Ray actor each (colocate: defaults to "
+                                                       "cluster.learners)")
     learners: int = Field(default=1, ge=1, description="DeepSpeed data-parallel ranks, one Ray actor each")
     sampler_resources: RoleResources = Field(default_factory=RoleResources)
     learner_resources: RoleResources = Field(
@@ -166,6 +170,15 @@ class ClusterConfig(_Section):
     max_actor_restarts: int = Field(
         default=3, ge=0, description="times the flow recreates a dead engine actor from the latest checkpoint "
                                      "before it gives up")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _colocated_samplers_follow_learners(cls, data: Any) -> Any:
+        """Colocated actors hold one sampler and one learner rank each: `cluster.learners=2` alone means two."""
+        if isinstance(data, dict) and data.get("placement", "colocate") == "colocate" and "samplers" not in data \
+                and "learners" in data:
+            data = {**data, "samplers": data["learners"]}
+        return data
 
 
 class WeightsConfig(_Section):

@@ -27,12 +27,15 @@ from grpo_core.storage import RunStore
 from grpo_core.train.batch import pack_batch
 from grpo_core.train.learner import Learner, LearnerSpec
 from grpo_core.weights.inprocess import push_in_process
+from grpo_core.weights.transfer import (backend_for, largest_tensor_bytes, learner_source, trainer_engine,
+                                        trainer_init_info)
 
 # Files of an HF model folder that describe its tokenizer (copied next to the trained weights).
 _TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template", "vocab", "merges", "added_tokens")
 # weights/v-000042/: the files transport's published versions; READY is written last.
 PUBLISHED = "weights"
 READY = "READY"
+_RENDEZVOUS_TIMEOUT_S = 600
 
 
 def published_path(version: int) -> str:
@@ -61,16 +64,31 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def init_learner_group(master_addr: str, master_port: int, rank: int, world_size: int) -> None:
-    """The learner ranks' torch.distributed default group (gloo on CPU, NCCL on GPU). In a colocated actor it is
-    created before vLLM, which then runs inside it as a world of tensor-parallel groups of one."""
+def open_rendezvous(host: str, world_size: int) -> "torch.distributed.TCPStore":
+    """Rank 0's side of the learners' rendezvous, bound to a port the OS picks and held from then on: picking a
+    free port and binding it later races with every other process choosing ports on the node (vLLM, Ray)."""
     import torch.distributed as dist
+    from datetime import timedelta
+
+    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=_RENDEZVOUS_TIMEOUT_S))
+
+
+def init_learner_group(master_addr: str, master_port: int, rank: int, world_size: int,
+                       store: "torch.distributed.Store | None" = None) -> None:
+    """The learner ranks' torch.distributed default group (gloo on CPU, NCCL on GPU). In a colocated actor it is
+    created before vLLM, which then runs inside it as a world of tensor-parallel groups of one. Rank 0 passes the
+    store it opened with ``open_rendezvous`` (without one, it binds ``master_port`` itself); the other ranks connect."""
+    import torch.distributed as dist
+    from datetime import timedelta
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
                        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)})
+    if store is None:
+        store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0,
+                              timeout=timedelta(seconds=_RENDEZVOUS_TIMEOUT_S))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                            world_size=world_size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 
 
 class EngineWorker:
@@ -87,10 +105,18 @@ class EngineWorker:
         # (iteration, metrics) of the last update: a retried train call (its output write failed) must not step
         # the optimizer twice.
         self._last_train: tuple[int, dict[str, Any]] | None = None
+        self._transfer = None  # vLLM trainer-side weight-transfer engine (broadcast, cuda_ipc)
+        self._transfer_client = None
+        self._rendezvous = None  # learner rank 0: the held TCPStore of the learners' group
 
     def free_port(self, host: str) -> int:
-        """A free port on this actor's node (learner rank 0 hosts the learners' rendezvous there)."""
+        """A free port on this actor's node (for vLLM's weight-transfer rendezvous, which binds it itself)."""
         return free_port(host)
+
+    def open_rendezvous(self, host: str) -> int:
+        """Learner rank 0: bind the learners' rendezvous on this node and return its port."""
+        self._rendezvous = open_rendezvous(host, self.cfg.cluster.learners)
+        return self._rendezvous.port
 
     def setup(self, master_addr: str | None = None, master_port: int | None = None) -> dict[str, Any]:
         """Build the engines: the learner group (all ranks call this together), vLLM, DeepSpeed."""
@@ -101,20 +127,24 @@ class EngineWorker:
         if self.learner_rank is not None:
             if master_addr is None or master_port is None:
                 raise ValueError("a learner rank needs the rendezvous address of rank 0")
-            init_learner_group(master_addr, master_port, self.learner_rank, cfg.cluster.learners)
+            init_learner_group(master_addr, master_port, self.learner_rank, cfg.cluster.learners,
+                               store=self._rendezvous if self.learner_rank == 0 else None)
         if self.sampler_id is not None:
             self.sampler = VLLMSampler(SamplerSpec(
                 model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed, kv_cache_mb=cfg.rollout.kv_cache_mb,
                 max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
                 enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                tensor_parallel_size=cfg.rollout.tensor_parallel_size))
+                tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+                weight_transfer_backend=backend_for(cfg.transport) if cfg.transport in ("broadcast", "cuda_ipc")
+                else None))
         if self.learner_rank is not None:
             tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
             self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
             self.learner = Learner(
                 LearnerSpec(model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed,
                             total_steps=cfg.iterations * cfg.optimizer_steps_per_iteration,
-                            temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens),
+                            temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
+                            fused_kernels=cfg.train.fused_kernels),
                 cfg.algo, cfg.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
         self.startup_seconds = time.perf_counter() - started
         return self.info()
@@ -185,7 +215,47 @@ class EngineWorker:
                 self.sampler.load_weights_from_dir(tmp, version)
         return {"seconds": time.perf_counter() - started, "version": float(version)}
 
+    # vLLM weight-transfer lifecycle, sampler side (the trainer engine on learner rank 0 calls these via a client)
+    def wt_init(self, init_info: dict) -> None:
+        self.sampler.init_transfer(init_info)
+
+    def wt_start(self) -> None:
+        self.sampler.start_transfer()
+
+    def wt_update(self, update_info: dict) -> None:
+        self.sampler.receive(update_info)
+
+    def wt_finish(self, version: int | None) -> None:
+        self.sampler.finish_transfer(version)
+
+    def wt_shutdown(self) -> None:
+        """Leave the transfer group (before the group is formed again with other samplers)."""
+        if self.sampler is not None:
+            self.sampler.shutdown_transfer()
+        if self.learner is not None and self._transfer is not None:
+            self._transfer.shutdown()
+            self._transfer = None
+
     # ------------------------------------------------------------------------------------------ learner side
+    def wt_trainer_init(self, samplers: list, host: str, port: int) -> None:
+        """Every learner rank: vLLM's trainer-side engine for the transport; rank 0 rendezvouses with every
+        sampler worker (the client reaches the sampler actors) and sends, the others join the gathers."""
+        from grpo_core.cluster.weight_client import SamplerWeightClient
+
+        tp = self.cfg.rollout.tensor_parallel_size
+        self._transfer_client = SamplerWeightClient(samplers, workers_per_sampler=tp)
+        info = trainer_init_info(backend_for(self.cfg.transport), rank=self.learner_rank, host=host, port=port,
+                                 world_size=1 + len(samplers) * tp, bucket_bytes=self.cfg.weights.bucket_mb * 2**20,
+                                 largest_bytes=largest_tensor_bytes(self.learner.engine.module))
+        self._transfer = trainer_engine(info, self._transfer_client, learner_source(self.learner))
+
+    def wt_send(self) -> dict[str, float]:
+        """One weight update through the transfer engine (every learner rank calls it together)."""
+        started = time.perf_counter()
+        self._transfer_client.version = self.learner.version
+        self._transfer.send_weights()
+        return {"seconds": time.perf_counter() - started, "version": float(self.learner.version)}
+
     def train(self, iteration: int, name: str = "scored.parquet") -> dict[str, Any]:
         """This rank's share of one policy update on the iteration's scored batch (every rank reads the whole batch:
         loss denominators are those of whole mini-batches). Rank 0 writes train.json with the metrics of all ranks

@@ -38,7 +38,7 @@ class RunStatus:
     recoveries: int = 0                         # engine actors recreated in this attempt
     latest_checkpoint: str | None = None
     error: str | None = None
-    actors: dict[str, Any] = field(default_factory=dict)
+    actors: list[dict[str, Any]] = field(default_factory=list)
 
     def write(self, store: RunStore) -> None:
         self.updated_at = time.time()

@@ -25,16 +25,17 @@ def sync(ctx: RunContext, check: tuple[int, str] | None = None) -> dict[str, Any
 
 def check_rows(ctx: RunContext, iteration: int, name: str, per_sampler: int
                ) -> dict[int, tuple[list[list[int]], list[int]]]:
-    """The first ``per_sampler`` sequences each sampler produced in a rollout file, as (sequences, prompt lengths)
-    keyed by the sampler that should now score them (a replaced sampler's rows are scored by its successor)."""
+    """For every sampler, ``per_sampler`` sequences of a rollout file as (sequences, prompt lengths): the ones it
+    produced itself, or, for a sampler that drew none there (it replaced a dead one), another sampler's."""
     table = ctx.store.get_table(iteration, name).select(["sampler_id", "prompt_token_ids", "response_token_ids"])
-    out: dict[int, tuple[list[list[int]], list[int]]] = {}
+    drawn: dict[int, tuple[list[list[int]], list[int]]] = {}
     for sid, prompt, response in zip(*(table.column(c).to_pylist() for c in table.column_names)):
-        seqs, lens = out.setdefault(sid, ([], []))
+        seqs, lens = drawn.setdefault(sid, ([], []))
         if len(seqs) < per_sampler:
             seqs.append(prompt + response)
             lens.append(len(prompt))
-    return out
+    fallback = drawn[min(drawn)]
+    return {sid: drawn.get(sid, fallback) for sid in range(ctx.cfg.cluster.samplers)}
 
 
 def ensure_synced(ctx: RunContext, expected_learner_version: int) -> dict[str, Any] | None:

@@ -6,9 +6,11 @@ import os
 
 import pytest
 
-# Tests never reach a hub or a telemetry endpoint, whether run through `make test` or plain pytest.
+# Tests never reach a hub or a telemetry endpoint, whether run through `make test` or plain pytest, and every Ray
+# node (including ray.cluster_utils' simulated ones, imported before grpo_core.cluster) binds loopback only.
 for _key, _value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("RAY_USAGE_STATS_ENABLED", "0"),
-                     ("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("VLLM_HOST_IP", "127.0.0.1")):
+                     ("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("VLLM_HOST_IP", "127.0.0.1"),
+                     ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")):
     os.environ.setdefault(_key, _value)
 
 from grpo_core.s3server import S3ServerError, find_weed, start_s3_server

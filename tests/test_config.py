@@ -86,6 +86,12 @@ def test_tensor_parallel_needs_gpus_and_auto_transport_follows_placement():
     assert build_config(_tree()).transport == "inprocess"
 
 
+def test_colocated_samplers_follow_learners_unless_given():
+    tree = dict(rollout={"prompts_per_iteration": 4, "samples_per_prompt": 8})
+    assert build_config(_tree(**tree, cluster={"learners": 2})).cluster.samplers == 2
+    assert build_config(_tree(**tree, cluster={"placement": "split", "learners": 2})).cluster.samplers == 1
+
+
 def test_groups_need_two_samples_and_reward_weights_match():
     with pytest.raises(ConfigError, match="samples_per_prompt must be >= 2"):
         build_config(_tree(rollout={"samples_per_prompt": 1}))

@@ -1,17 +1,22 @@
-"""deployments/prefect.yaml: every deployment's entrypoint loads as the grpo-train flow, with flow-run retries (a
-retried flow run resumes its run folder), and its config resolves."""
+"""Deployment files: every Prefect deployment's entrypoint loads as the grpo-train flow with flow-run retries (a
+retried flow run resumes its run folder) and its config resolves; the KubeRay manifest, the Prefect worker and
+configs/cluster.yaml agree with each other and with the installed Ray."""
 from __future__ import annotations
 
 import importlib
+import json
+import re
 
+import pytest
 import yaml
 
 from grpo_core.config import load_config
 from tests.conftest import REPO
 
 
-def test_deployments_point_at_the_flow_with_retries():
-    spec = yaml.safe_load((REPO / "deployments/prefect.yaml").read_text())
+@pytest.mark.parametrize("spec_file", ["deployments/prefect.yaml", "infra/prefect.yaml"])
+def test_deployments_point_at_the_flow_with_retries(spec_file):
+    spec = yaml.safe_load((REPO / spec_file).read_text())
     assert spec["deployments"]
     for dep in spec["deployments"]:
         path, attr = dep["entrypoint"].split(":")
@@ -21,3 +26,51 @@ def test_deployments_point_at_the_flow_with_retries():
         assert flow.retries >= 1 and flow.retry_delay_seconds > 0, dep["name"]
         params = dep["parameters"]
         load_config(REPO / params["config_path"], params.get("overrides") or [])
+
+
+def _ray_start_resources(group: dict) -> dict[str, float]:
+    """KubeRay's rayStartParams.resources: a JSON object inside a quoted string ('"{\\"x\\": 1}"')."""
+    raw = group.get("rayStartParams", {}).get("resources")
+    return json.loads(json.loads(raw)) if raw else {}
+
+
+def test_cluster_manifest_serves_the_cluster_config():
+    import ray
+
+    cluster = yaml.safe_load((REPO / "infra/kuberay/raycluster.yaml").read_text())
+    assert cluster["kind"] == "RayCluster"
+    assert cluster["spec"]["rayVersion"] == ray.__version__, "the manifest's Ray must be the image's Ray"
+    groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+    cfg = load_config(REPO / "configs/cluster.yaml")
+    for role, res in (("sampler", cfg.cluster.sampler_resources), ("learner", cfg.cluster.learner_resources)):
+        for key in res.resources:
+            offering = [name for name, g in groups.items() if key in _ray_start_resources(g)]
+            assert len(offering) == 1, f"{role}s ask for resource {key!r}; worker groups offering it: {offering}"
+            gpus = int(groups[offering[0]]["template"]["spec"]["containers"][0]["resources"]["limits"]
+                       .get("nvidia.com/gpu", 0))
+            count = cfg.cluster.samplers if role == "sampler" else cfg.cluster.learners
+            per_actor = res.num_gpus  # a sampler's num_gpus covers its tensor-parallel workers (config rule)
+            replicas = groups[offering[0]]["replicas"]
+            assert count * per_actor <= gpus * replicas, f"{role}s need {count * per_actor} GPUs, group has " \
+                                                        f"{gpus * replicas}"
+    host = cluster["metadata"]["name"] + "-head-svc"
+    assert cfg.cluster.ray_address == f"ray://{host}:10001"
+    ports = {p["name"]: p["containerPort"]
+             for p in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert ports["client"] == 10001
+
+
+def test_prefect_worker_polls_the_pool_of_the_cluster_deployment():
+    worker = yaml.safe_load((REPO / "infra/prefect-worker.yaml").read_text())
+    command = worker["spec"]["template"]["spec"]["containers"][0]["command"]
+    pool = command[command.index("--pool") + 1]
+    spec = yaml.safe_load((REPO / "infra/prefect.yaml").read_text())
+    assert {d["work_pool"]["name"] for d in spec["deployments"]} == {pool}
+
+
+def test_dockerfile_copies_what_exists():
+    text = (REPO / "infra/Dockerfile").read_text()
+    sources = [s for line in re.findall(r"^COPY (.+)$", text, re.M) for s in line.split()[:-1]]
+    assert sources
+    for src in sources:
+        assert (REPO / src.rstrip("/")).exists(), f"infra/Dockerfile copies {src}, which is not in the repository"

@@ -21,7 +21,7 @@ from ray.exceptions import RayActorError
 
 from grpo_core.checkpoint import CheckpointRef
 from grpo_core.cluster.ray_cluster import (
-    create_engine_actors, create_sampler_actor, kill, node_ip, remove_groups, start_ray, stop_ray,
+    create_engine_actors, create_sampler_actor, kill, node_ids, node_ip, remove_groups, start_ray, stop_ray,
 )
 from grpo_core.config import GRPOConfig
 
@@ -97,19 +97,30 @@ class Engines:
         for a in self._actors():
             self._described[a] = self._role(a)
         host = node_ip(self.learners[0])
-        port = self._get([self.learners[0].free_port.remote(host)], [self.learners[0]], "free_port")[0]
+        port = self._get([self.learners[0].open_rendezvous.remote(host)], [self.learners[0]], "open_rendezvous")[0]
         actors = self._actors()
         infos = self._get([a.setup.remote(host if a in self.learners else None, port if a in self.learners else None)
                            for a in actors], actors, "setup", starting=True)
         for a, info in zip(actors, infos):
             self._described[a] = f"{self._role(a)} (pid {info['pid']} on {info['host']})"
+        self._init_transfer()
         self.info = {
-            "actors": [{"role": self._role(a), "pid": i["pid"], "host": i["host"]} for a, i in zip(actors, infos)],
+            "actors": [{"role": self._role(a), "pid": i["pid"], "host": i["host"], "node": node}
+                       for a, i, node in zip(actors, infos, node_ids(actors))],
             "sampler_load_s": max(i["sampler_load_s"] for i in infos),
             "learner_init_s": max(i["learner_init_s"] for i in infos),
             "setup_s": time.perf_counter() - started,
         }
         return self.info
+
+    def _init_transfer(self) -> None:
+        """broadcast / cuda_ipc: every learner rank builds vLLM's trainer-side engine; rank 0 rendezvouses with
+        every sampler worker (a new group each time the set of samplers changes)."""
+        if self.transport not in ("broadcast", "cuda_ipc"):
+            return
+        host = node_ip(self.learners[0])
+        port = self._get([self.learners[0].free_port.remote(host)], [self.learners[0]], "free_port")[0]
+        self._on_learners("wt_trainer_init", self.samplers, host, port)
 
     def _role(self, actor) -> str:
         parts = []
@@ -237,6 +248,10 @@ class Engines:
         self._described[new] = f"sampler {sid} (pid {info['pid']} on {info['host']})"
         version = self._publish()
         self._get([new.load_published.remote(version)], [new], "load_published")
+        if self.transport in ("broadcast", "cuda_ipc"):  # the transfer group is formed again with the new member
+            live = [s for s in self.samplers if s is not new]
+            self._get([a.wt_shutdown.remote() for a in live + self.learners], live + self.learners, "wt_shutdown")
+            self._init_transfer()
         self.replaced_samplers += 1
         print(f"replaced sampler {sid} in {time.perf_counter() - started:.1f}s; it caught up to policy version "
               f"{version} through {self.cfg.storage.root}/.../weights/")
@@ -266,8 +281,9 @@ class Engines:
             version = self._publish()
             self._on_samplers("load_published", version)
             nbytes = None
-        else:
-            raise NotImplementedError(f"weights.transport={self.transport} is not available yet")
+        else:  # broadcast, cuda_ipc: vLLM's weight-transfer engines, driven from learner rank 0
+            version = int(self._on_learners("wt_send")[0]["version"])
+            nbytes = None
         return {"seconds": time.perf_counter() - started, "version": float(version), "transport": self.transport,
                 **({"bytes": nbytes} if nbytes is not None else {})}
 

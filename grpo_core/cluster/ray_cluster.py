@@ -64,7 +64,9 @@ def start_ray(cfg: GRPOConfig) -> dict[str, Any]:
         for _, count, res in _roles(cfg):
             for key, amount in res.resources.items():
                 custom[key] = custom.get(key, 0.0) + count * amount
-        ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), resources=custom or None,
+        # "local": always a new cluster of our own (without it ray.init joins any cluster a `ray start` or another
+        # run left on this machine); cluster.ray_address="auto" joins that one on purpose.
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), resources=custom or None,
                  include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False)
     return ray.cluster_resources()
 
@@ -136,6 +138,11 @@ def create_sampler_actor(cfg: GRPOConfig, sampler_id: int, group) -> Any:
 def node_ip(handle) -> str:
     """The address of the node an actor runs on."""
     return ray.get(handle.__ray_call__.remote(lambda _self: ray.util.get_node_ip_address()))
+
+
+def node_ids(handles: list) -> list[str]:
+    """The Ray node id of each actor."""
+    return ray.get([h.__ray_call__.remote(lambda _self: ray.get_runtime_context().get_node_id()) for h in handles])
 
 
 def remove_groups(groups: list) -> None:

@@ -34,6 +34,7 @@ class SamplerSpec:
     enforce_eager: bool = True
     gpu_memory_utilization: float = 0.5
     tensor_parallel_size: int = 1
+    weight_transfer_backend: str | None = None  # a vLLM weight-transfer engine in the workers (broadcast, cuda_ipc)
 
 
 class VLLMSampler:
@@ -61,6 +62,11 @@ class VLLMSampler:
             enable_chunked_prefill=False,
             max_num_batched_tokens=max(8192, spec.max_model_len),
         )
+        if spec.weight_transfer_backend is not None:
+            from grpo_core.weights.transfer import register_backends
+
+            register_backends()
+            kwargs["weight_transfer_config"] = {"backend": spec.weight_transfer_backend}
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = spec.gpu_memory_utilization
         else:
@@ -116,6 +122,27 @@ class VLLMSampler:
         self.llm.reset_prefix_cache()
         self.version = version
         return time.perf_counter() - started
+
+    # vLLM's RL weight-transfer lifecycle (broadcast, cuda_ipc): the trainer drives these four through a client.
+    def init_transfer(self, init_info: dict) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def start_transfer(self) -> None:
+        self.llm.start_weight_update()
+
+    def receive(self, update_info: dict) -> None:
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_transfer(self, version: int | None) -> None:
+        """Finish the update (our engines rebuild a tied CPU lm_head there); serve it as ``version`` (None: keep the
+        version number)."""
+        self.llm.finish_weight_update()
+        self.llm.reset_prefix_cache()
+        if version is not None:
+            self.version = version
+
+    def shutdown_transfer(self) -> None:
+        self.llm.shutdown_weight_transfer_engine()
 
     def load_weights_from_dir(self, model_dir: str, version: int) -> float:
         """Every ``*.safetensors`` file of an HF-format folder (the full state dict) -> ``load_weights``."""

@@ -30,18 +30,19 @@ class WeightReceiver:
             self.reload_weights(weights_iterator=iter(weights))
         finally:
             reload_log.setLevel(level)
-        model = self.model_runner.get_model()
-        self._grpo_refresh_tied_lm_head(model)
+        refresh_tied_lm_head(self.model_runner.get_model())
         return len(weights)
 
-    @staticmethod
-    def _grpo_refresh_tied_lm_head(model: torch.nn.Module) -> None:
-        from vllm.platforms import current_platform
 
-        lm_head = getattr(model, "lm_head", None)
-        tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
-        if lm_head is None or not tied or not current_platform.is_cpu():
-            return
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+def refresh_tied_lm_head(model: torch.nn.Module) -> None:
+    """After new weights reached a tied model on CPU: rebuild the lm_head's packed GEMM copy of the embedding
+    (also called by our weight-transfer engines, ``grpo_core.weights.gloo``). A no-op elsewhere."""
+    from vllm.platforms import current_platform
 
-        dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
+    lm_head = getattr(model, "lm_head", None)
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    if lm_head is None or not tied or not current_platform.is_cpu():
+        return
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
