@@ -1,5 +1,8 @@
 """The `grpo-train` flow: per iteration rollout -> score -> train -> sync, with evaluation every `eval.interval`
-and a checkpoint every `checkpoint.interval`.
+and a checkpoint every `checkpoint.interval`. In async RL (`rollout.max_staleness` s > 0, split placement) the
+rollout and scoring of iteration k+s run while iteration k trains (the train task is submitted, the rollout runs
+beside it); which weights sample which iteration is fixed (`cfg.sampling_version`), so async runs are
+deterministic and resume exactly. Between iterations the flow follows `grpo scale` (control.json).
 
 Engines (the policy actor, the scorer's processes) are created once per flow run. Each task returns a small
 reference with metrics; the data stays in the run folder. metrics.parquet gets one row per iteration: the row of
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow
@@ -23,16 +27,16 @@ from grpo_core.cluster.engines import EngineLost, Engines
 from grpo_core.config import GRPOConfig, build_config, load_config
 from grpo_core.pipeline.prompts import PromptStream, PromptTokenizer
 from grpo_core.progress import Progress
-from grpo_core.report import plot_curves, summary_lines
+from grpo_core.report import plot_curves, plot_timeline, summary_lines
 from grpo_core.rewards.scorer import Scorer
-from grpo_core.runs import RunStatus
+from grpo_core.runs import RunStatus, requested_samplers
 from grpo_core.storage import RunStore
 from tasks.checkpoint import begin_checkpoint, commit_checkpoint
 from tasks.context import RunContext
 from tasks.evaluate import evaluate
 from tasks.io_retry import io_retry_options
 from tasks.rollout import rollout
-from tasks.run_state import latest_checkpoint, prepare_run, record, write_status
+from tasks.run_state import latest_checkpoint, prepare_run, record, scale_samplers, write_status
 from tasks.score import assemble, score
 from tasks.sync import ensure_synced, sync
 from tasks.train import train
@@ -51,6 +55,7 @@ class _Stages:
                          ("sync", sync), ("evaluate", evaluate), ("begin_checkpoint", begin_checkpoint),
                          ("commit_checkpoint", commit_checkpoint), ("record", record),
                          ("write_status", write_status), ("latest_checkpoint", latest_checkpoint),
+                         ("scale_samplers", scale_samplers),
                          ("prepare_run", prepare_run)):
             setattr(self, name, fn.with_options(**opts))
 
@@ -89,7 +94,18 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus) -> RunCo
                       eval_prompts=eval_prompts)
 
 
-def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+@dataclass
+class _Batch:
+    """One iteration's training batch as collected: rollout task results (one per dynamic-sampling round), the
+    score result, the seconds spent inside the engines and scorer, the wall seconds, and stage timestamps."""
+    rollouts: list[dict[str, Any]]
+    scored: dict[str, Any]
+    inside: float
+    wall: float
+    stamps: dict[str, float]
+
+
+def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
     """Rollout then score. Dynamic sampling (algo.filter_groups) adds rounds until enough groups have mixed
     outcomes or `max_resample_times` more rounds were sampled, then assembles the batch."""
     import torch
@@ -97,23 +113,28 @@ def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> tuple[li
     from grpo_core.algo import DynamicBatch
 
     cfg = ctx.cfg
-    if not cfg.algo.filter_groups:
-        ro = stages.rollout(ctx, iteration, 0)
-        return [ro], stages.score(ctx, iteration, ro["name"])
-    batch = DynamicBatch(cfg.rollout.prompts_per_iteration, cfg.algo.max_resample_times, cfg.algo.filter_range)
+    t0, stamps = time.perf_counter(), {"rollout_started_at": ctx.clock()}
     rollouts, scored = [], []
-    while not (batch.full or batch.exhausted):
-        ro = stages.rollout(ctx, iteration, len(rollouts))
-        sc = stages.score(ctx, iteration, ro["name"])
-        rollouts.append(ro)
-        scored.append(sc)
-        success = torch.tensor(sc.pop("group_success"), dtype=torch.float64)
-        batch.add(success, list(range(success.shape[0])))
-    out = stages.assemble(ctx, iteration, [s["name"] for s in scored])
-    first = dict(scored[0])
-    first.update({k: v for k, v in out.items() if k != "name"})
-    first["score_seconds"] = sum(s.get("score_seconds", 0.0) for s in scored)
-    return rollouts, first
+    batch = DynamicBatch(cfg.rollout.prompts_per_iteration, cfg.algo.max_resample_times, cfg.algo.filter_range) \
+        if cfg.algo.filter_groups else None
+    while not rollouts or (batch is not None and not (batch.full or batch.exhausted)):
+        rollouts.append(stages.rollout(ctx, iteration, len(rollouts)))
+        stamps["rollout_ended_at"] = ctx.clock()
+        stamps.setdefault("score_started_at", stamps["rollout_ended_at"])
+        scored.append(stages.score(ctx, iteration, rollouts[-1]["name"]))
+        stamps["score_ended_at"] = ctx.clock()
+        if batch is not None:
+            success = torch.tensor(scored[-1].pop("group_success"), dtype=torch.float64)
+            batch.add(success, list(range(success.shape[0])))
+    if batch is None:
+        sc = scored[0]
+    else:
+        out = stages.assemble(ctx, iteration, [s["name"] for s in scored])
+        sc = dict(scored[0])
+        sc.update({k: v for k, v in out.items() if k != "name"})
+        sc["score_seconds"] = sum(s.get("score_seconds", 0.0) for s in scored)
+    inside = sum(r["seconds"] for r in rollouts if not r.get("reused")) + _score_seconds(sc)
+    return _Batch(rollouts, sc, inside, time.perf_counter() - t0, stamps)
 
 
 @flow(name="grpo-train", log_prints=True)
@@ -206,6 +227,7 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float) -> dict[str, A
     saved = ctx.engines.save_final()
     metrics = store.read_metrics()
     store.put_bytes("curves.png", plot_curves(metrics))
+    store.put_bytes("timeline.png", plot_timeline(metrics))
     stages.write_status(store, ctx.status, "finished")
     lines = summary_lines(metrics)
     lines.append(f"final policy (version {saved['policy_version']}) saved to {saved['folder']}")
@@ -221,12 +243,18 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float) -> dict[str, A
 def _run_iterations(ctx: RunContext, stages: _Stages, start: int) -> dict[str, Any] | None:
     """Iterations ``start..iterations-1`` and the final evaluation; returns the last evaluation."""
     cfg, store = ctx.cfg, ctx.store
+    lag = cfg.rollout.max_staleness
     do_eval = bool(ctx.eval_prompts) and cfg.eval.interval > 0
     last_eval: dict[str, Any] | None = None
+    batches: dict[int, _Batch] = {}  # collected, not yet trained on (async: up to s ahead)
     with Progress(cfg.iterations, completed=start) as progress:
         for it in range(start, cfg.iterations):
             t0 = time.perf_counter()
             row: dict[str, Any] = {"iteration": it, "run_attempt": ctx.status.attempt}
+            wanted = requested_samplers(store) if cfg.cluster.placement == "split" else None
+            if wanted is not None and wanted != len(ctx.engines.samplers):
+                stages.scale_samplers(ctx, wanted)
+            row["samplers"] = len(ctx.engines.samplers)
             resync = ensure_synced(ctx, expected_learner_version=cfg.policy_version_before(it))
             row["resynced"] = resync is not None
             row["eval_accuracy"] = None
@@ -235,17 +263,41 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int) -> dict[str, A
                 row["eval_accuracy"] = last_eval["accuracy"]
                 row["time_eval_s"] = time.perf_counter() - t0
             t1 = time.perf_counter()
-            rollouts, sc = _collect_batch(ctx, stages, it)
+            # The batches this iteration needs before training: its own and, in async RL, the next s - 1 (at a
+            # start or restart: sampled with the first weights, or found complete in the run folder).
+            serial = 0.0
+            for j in range(it, min(it + max(1, lag), cfg.iterations)):
+                if j not in batches:
+                    batches[j] = _collect_batch(ctx, stages, j)
+                    serial += batches[j].inside
+            batch = batches.pop(it)
             _poll_checkpoint(ctx, stages)
             t2 = time.perf_counter()
-            tr = stages.train(ctx, it)
+            ahead = it + lag if lag and it + lag < cfg.iterations else None
+            if ahead is None:
+                tr = stages.train(ctx, it)
+            else:  # async: the rollout of iteration it + s runs while this one trains
+                training = stages.train.submit(ctx, it)
+                try:
+                    batches[ahead] = _collect_batch(ctx, stages, ahead)
+                finally:
+                    training.wait()
+                tr = training.result()
             t3 = time.perf_counter()
-            sy = stages.sync(ctx, check=(it, rollouts[0]["name"]))
+            sync_started = ctx.clock()
+            sy = stages.sync(ctx, check=(it, batch.rollouts[0]["name"]))
             t4 = time.perf_counter()
-            inside = sum(r["seconds"] for r in rollouts if not r.get("reused")) + tr["seconds"] + sy["seconds"] + \
-                sy.get("check_seconds", 0.0)
+            check_s = sy.get("check_seconds", 0.0)
+            overlapped = max(tr["seconds"], batches[ahead].inside if ahead is not None else 0.0)
+            rollouts, sc = batch.rollouts, batch.scored
+            staleness = (cfg.policy_version_before(it) - rollouts[0]["policy_version"]) / \
+                cfg.optimizer_steps_per_iteration
+            if staleness > lag:  # the sampling-version rule makes this impossible; never train on it if it happens
+                raise RuntimeError(f"iteration {it}'s batch is {staleness} iterations stale, more than "
+                                   f"rollout.max_staleness={lag}")
             row.update({
                 "policy_version": rollouts[0]["policy_version"],
+                "staleness_mean": staleness, "staleness_max": staleness,
                 "reward_mean": sc["reward_mean"],
                 "accuracy_mean": sc.get("reward_accuracy_mean"),
                 "loss": tr["loss"], "grad_norm": tr["grad_norm"], "lr": tr["lr"],
@@ -253,16 +305,20 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int) -> dict[str, A
                 "clipfrac_high": tr.get("clipfrac_high"), "approx_kl": tr.get("approx_kl"),
                 "kl_ref": tr.get("kl_ref"), "entropy": tr.get("entropy"),
                 "mismatch_abs_logp_mean": tr.get("mismatch_abs_logp_mean"),
+                "tis_weight_mean": tr.get("tis_weight_mean"), "tis_capped_frac": tr.get("tis_capped_frac"),
                 "response_length_mean": rollouts[0]["response_length_mean"],
                 "truncated_frac": rollouts[0]["truncated_frac"],
                 "kept_frac": sc.get("kept_frac"), "rollout_rounds": len(rollouts),
                 "filtered_group_frac": sc.get("filtered_group_frac"),
-                "time_rollout_s": t2 - t1 - _score_seconds(sc), "time_score_s": _score_seconds(sc),
+                "time_rollout_s": batch.wall - _score_seconds(sc), "time_score_s": _score_seconds(sc),
                 "sync_logprob_max_diff": sy.get("sync_logprob_max_diff"),
                 **{k: v for k, v in sy.items() if k.startswith("sync_logprob_max_diff_sampler")},
-                "time_train_s": t3 - t2, "time_sync_s": t4 - t3 - sy.get("check_seconds", 0.0),
+                "time_train_s": t3 - t2, "time_sync_s": t4 - t3 - check_s,
                 "time_sync_check_s": sy.get("check_seconds"), "time_total_s": t4 - t0,
-                "time_overhead_s": (t4 - t1) - inside - _score_seconds(sc),
+                # orchestration: the iteration's wall time beyond the engines' work on its critical path
+                "time_overhead_s": (t4 - t1) - serial - overlapped - sy["seconds"] - check_s,
+                **batch.stamps, "train_started_at": tr["started_at"], "train_ended_at": tr["ended_at"],
+                "sync_started_at": sync_started, "sync_ended_at": ctx.clock(),
             })
             # The checkpoint of iteration `it` is only started here (a copy in memory); it is committed later,
             # after this row is recorded, so a resume from it always finds the rows of the iterations it holds.

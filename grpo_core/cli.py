@@ -80,6 +80,24 @@ def _cmd_runs_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_scale(args: argparse.Namespace) -> int:
+    from grpo_core.runs import request_samplers
+    from grpo_core.storage import RunStore
+
+    store = RunStore(args.root, args.run, json.loads(args.storage_options) if args.storage_options else None)
+    cfg = store.read_config()
+    if cfg is None:
+        print(f"error: no run {args.run!r} under {args.root} (no config.json)", file=sys.stderr)
+        return 2
+    if cfg["cluster"]["placement"] != "split":
+        print(f"error: run {args.run} uses cluster.placement={cfg['cluster']['placement']}; only split placement "
+              "scales its samplers", file=sys.stderr)
+        return 2
+    request_samplers(store, args.samplers)
+    print(f"asked run {args.run} for {args.samplers} sampler(s); the flow applies it before its next iteration")
+    return 0
+
+
 def _cmd_runs_show(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -152,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--root", default="runs", help="storage root (a folder or s3://bucket/prefix)")
         r.add_argument("--storage-options", default=None, help="fsspec options as JSON (S3 endpoint, keys)")
         r.set_defaults(func=func)
+
+    p = sub.add_parser("scale", help="change the number of sampler actors of a running flow (split placement)")
+    p.add_argument("run", help="run name (its folder under --root)")
+    p.add_argument("--samplers", type=int, required=True, help="sampler actors from the next iteration on")
+    p.add_argument("--root", default="runs", help="storage root (a folder or s3://bucket/prefix)")
+    p.add_argument("--storage-options", default=None, help="fsspec options as JSON (S3 endpoint, keys)")
+    p.set_defaults(func=_cmd_scale)
 
     p = sub.add_parser("score", help="score a file of responses offline")
     from grpo_core.rewards.score_file import add_score_arguments, run_score

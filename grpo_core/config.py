@@ -45,6 +45,10 @@ class RolloutConfig(_Section):
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per vLLM engine (vLLM's own executor)")
     gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
     enforce_eager: bool = True
+    max_staleness: int = Field(
+        default=0, ge=0, description="async RL (split placement): the rollout of iteration k+s is sampled while "
+                                     "iteration k trains, so a batch is trained on at most s iterations after the "
+                                     "weights that sampled it; 0: synchronous")
 
 
 class EvalConfig(_Section):
@@ -111,7 +115,12 @@ class AlgoConfig(_Section):
     soft_overlong_cache_length: int = Field(
         default=0, ge=0, description="tokens before max_new_tokens where the penalty ramps; 0: max_new_tokens // 5")
     soft_overlong_penalty: float = Field(default=1.0, ge=0.0, description="penalty at and beyond max_new_tokens")
-    tis_cap: float | None = Field(default=None, gt=0.0, description="truncated IS cap, sampler vs old logprobs")
+    tis_cap: float | None = Field(
+        default=None, gt=0.0, description="cap of the importance weight pi_old / pi_sampler per token (None: no "
+                                          "correction; 2.0 by default when rollout.max_staleness > 0)")
+    offpolicy: Literal["tis", "decoupled"] = Field(
+        default="tis", description="tis: weights truncated at tis_cap; decoupled (AReaL): tokens whose weight "
+                                   "exceeds tis_cap get no loss, the others keep their full weight")
 
     @model_validator(mode="after")
     def _ranges(self) -> "AlgoConfig":
@@ -272,6 +281,11 @@ class GRPOConfig(_Section):
         """The learner's policy version when ``iteration`` starts (its rollouts are sampled with it)."""
         return iteration * self.optimizer_steps_per_iteration
 
+    def sampling_version(self, iteration: int) -> int:
+        """The policy version that samples ``iteration``'s rollouts: with ``rollout.max_staleness`` s, the one the
+        learner had s iterations earlier (the rollout runs while iteration ``iteration - s`` trains)."""
+        return self.policy_version_before(max(0, iteration - self.rollout.max_staleness))
+
     def is_checkpoint_iteration(self, iteration: int) -> bool:
         """Whether a checkpoint is written after ``iteration``: every ``checkpoint.interval``-th and the last."""
         every = self.checkpoint.interval
@@ -305,10 +319,15 @@ class GRPOConfig(_Section):
             raise ValueError("algo.filter_groups (dynamic sampling) filters groups on their accuracy: "
                              "reward.rewards must include 'accuracy'")
         self._check_placement()
+        if self.rollout.max_staleness > 0 and "tis_cap" not in self.algo.model_fields_set:
+            self.algo.tis_cap = DEFAULT_ASYNC_TIS_CAP  # stale samplers: correct toward the learner by default
         return self
 
     def _check_placement(self) -> None:
         c, transport = self.cluster, self.weights.transport
+        if self.rollout.max_staleness > 0 and c.placement != "split":
+            raise ValueError(f"rollout.max_staleness={self.rollout.max_staleness} samples while the learner trains: "
+                             f"it needs cluster.placement=split (a colocated actor does one at a time)")
         if c.placement == "external":
             raise ValueError("cluster.placement='external' (OpenAI-compatible servers) is not implemented yet; use "
                              "'colocate' or 'split'")
@@ -340,6 +359,10 @@ class GRPOConfig(_Section):
 RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "cluster.ray_address", "cluster.sampler_resources",
                       "cluster.learner_resources", "cluster.max_actor_restarts", "reward.num_workers",
                       "weights.check_samples")
+
+
+# Yao et al.'s truncation of pi_old / pi_sampler, on by default in async RL (rollout.max_staleness > 0).
+DEFAULT_ASYNC_TIS_CAP = 2.0
 
 
 class ConfigError(ValueError):

@@ -76,6 +76,50 @@ def plot_curves(metrics: pa.Table, title: str = "GRPO training curves") -> bytes
     return buffer.getvalue()
 
 
+TIMELINE_STAGES = (("rollout", "tab:blue"), ("score", "tab:orange"), ("train", "tab:green"), ("sync", "tab:red"))
+
+
+def stage_spans(metrics: pa.Table) -> dict[str, list[tuple[int, float, float]]]:
+    """Per stage, (iteration, started_at, ended_at) of every row that has both ``<stage>_started_at`` and
+    ``<stage>_ended_at`` (seconds since the flow run started; the rollout and score of a row are those of its
+    batch, which in async RL ran during an earlier iteration)."""
+    rows = metrics.to_pylist()
+    spans: dict[str, list[tuple[int, float, float]]] = {}
+    for stage, _ in TIMELINE_STAGES:
+        spans[stage] = [(int(r["iteration"]), float(r[f"{stage}_started_at"]), float(r[f"{stage}_ended_at"]))
+                        for r in rows if r.get(f"{stage}_started_at") is not None
+                        and r.get(f"{stage}_ended_at") is not None]
+    return spans
+
+
+def plot_timeline(metrics: pa.Table, title: str = "stages over time") -> bytes:
+    """PNG: one lane per iteration, a bar per stage from its start to its end (seconds since the flow run
+    started). Overlapping bars of neighbouring lanes show rollout running while training does (async RL)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    spans = stage_spans(metrics)
+    lanes = sorted({it for stage in spans.values() for it, _, _ in stage})
+    fig = Figure(figsize=(10, max(3.0, 0.25 * len(lanes) + 1.5)), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    fig.suptitle(title)
+    if not lanes:
+        ax.text(0.5, 0.5, "no stage timestamps recorded", ha="center", va="center", transform=ax.transAxes)
+    for stage, color in TIMELINE_STAGES:
+        for it, start, end in spans[stage]:
+            ax.broken_barh([(start, max(end - start, 1e-3))], (it - 0.4, 0.8), color=color)
+    ax.set_xlabel("seconds since the flow run started")
+    ax.set_ylabel("iteration")
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(handles=[Patch(color=c, label=s) for s, c in TIMELINE_STAGES], loc="upper right", fontsize=8)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
 def _first_last(metrics: pa.Table, column: str, label: str) -> str:
     its, values = _points(metrics, column)
     if not its:

@@ -20,6 +20,8 @@ from grpo_core import checkpoint
 from grpo_core.storage import CONFIG, RunStore
 
 STATUS = "status.json"
+# What an operator asks of a running flow (`grpo scale`); the flow reads it between iterations.
+CONTROL = "control.json"
 FINAL_MANIFEST = "final/MANIFEST.json"
 
 
@@ -117,3 +119,19 @@ def list_runs(root: str, storage_options: dict | None = None) -> list[RunSummary
         if store.exists(CONFIG):
             out.append(summarize(store))
     return out
+
+
+def request_samplers(store: RunStore, count: int) -> None:
+    """Ask the flow running ``store``'s run to run ``count`` sampler actors from its next iteration on (and after
+    a resume)."""
+    if count < 1:
+        raise ValueError(f"a run needs at least one sampler, not {count}")
+    control = store.get_json_file(CONTROL) or {}
+    store.put_json_file(CONTROL, {**control, "samplers": int(count), "samplers_requested_at": time.time()})
+
+
+def requested_samplers(store: RunStore) -> int | None:
+    """The sampler count an operator asked for (``grpo scale``), or None."""
+    control = store.get_json_file(CONTROL) or {}
+    return control.get("samplers")
+

@@ -5,6 +5,7 @@ whose files are being written in the background and not yet committed; ``status`
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,3 +35,8 @@ class RunContext:
     status: RunStatus
     eval_prompts: list[dict[str, Any]] = field(default_factory=list)
     pending_checkpoint: PendingCheckpoint | None = None
+    started_at: float = field(default_factory=time.time)  # the flow run's start: stage timestamps count from it
+
+    def clock(self) -> float:
+        """Seconds since this flow run started (the ``<stage>_started_at`` / ``_ended_at`` metrics)."""
+        return time.time() - self.started_at

@@ -1,7 +1,9 @@
 """Rollout task: the samplers generate G responses per prompt; the rows become rollouts.parquet.
 
-A rollout file already complete for this iteration and sampled with the policy version the samplers serve now
-(a resumed run) is reused, not sampled again.
+Each iteration's rollout has one policy version that must sample it (``cfg.sampling_version``: the learner's
+version before the iteration, or s iterations earlier in async RL). A rollout file already complete for this
+iteration with that version (a resumed run) is reused, not sampled again; samplers serving any other version are
+an error, never a silent change of the data.
 """
 from __future__ import annotations
 
@@ -17,10 +19,16 @@ from tasks.context import RunContext
 def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> dict[str, Any]:
     cfg = ctx.cfg
     name = "rollouts.parquet" if not cfg.algo.filter_groups else f"rollouts-r{round_}.parquet"
-    version = cfg.policy_version_before(iteration)
+    version = cfg.sampling_version(iteration)
     done = ctx.store.entry(iteration, name)
     if done is not None and done.meta.get("policy_version") == version:
         return {"name": name, "rows": done.rows, "reused": True, **done.meta}
+    serving = ctx.engines.sampler_versions()
+    if any(v != version for v in serving):
+        raise RuntimeError(
+            f"iteration {iteration}'s rollout must be sampled with policy version {version} "
+            f"(rollout.max_staleness={cfg.rollout.max_staleness}), but the samplers serve {serving} and "
+            f"{ctx.store.url(f'iter-{iteration:06d}/{name}')} holds no complete rollout of that version")
     prompts = ctx.train_prompts.batch(iteration, round_)
     table, meta = ctx.engines.rollout(iteration, prompts, group_offset=round_ * len(prompts))
     lengths = table.column("response_length").to_pylist()

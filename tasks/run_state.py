@@ -15,6 +15,7 @@ from grpo_core.checkpoint import CheckpointRef
 from grpo_core.config import RESUME_SAFE_FIELDS, ConfigError, GRPOConfig
 from grpo_core.runs import FINAL_MANIFEST, RunStatus, read_status
 from grpo_core.storage import RunStore
+from tasks.context import RunContext
 
 
 @dataclass
@@ -79,3 +80,12 @@ def write_status(store: RunStore, status: RunStatus, state: str, error: str | No
     status.state = state
     status.error = error
     status.write(store)
+
+
+@task(name="scale-samplers", cache_policy=NONE)
+def scale_samplers(ctx: RunContext, count: int) -> dict[str, Any]:
+    """Between iterations: follow an operator's `grpo scale RUN --samplers N` (control.json in the run folder)."""
+    out = ctx.engines.scale_samplers(count)
+    print(f"scaled samplers {out['samplers_before']} -> {out['samplers']} in {out['seconds']:.1f}s "
+          f"(grpo scale; the new ones loaded the current weights first)")
+    return out

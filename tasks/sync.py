@@ -35,7 +35,7 @@ def check_rows(ctx: RunContext, iteration: int, name: str, per_sampler: int
             seqs.append(prompt + response)
             lens.append(len(prompt))
     fallback = drawn[min(drawn)]
-    return {sid: drawn.get(sid, fallback) for sid in range(ctx.cfg.cluster.samplers)}
+    return {sid: drawn.get(sid, fallback) for sid in range(len(ctx.engines.samplers))}
 
 
 def ensure_synced(ctx: RunContext, expected_learner_version: int) -> dict[str, Any] | None:

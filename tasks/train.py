@@ -11,6 +11,9 @@ from tasks.context import RunContext
 
 @task(name="train", cache_policy=NONE)
 def train(ctx: RunContext, iteration: int) -> dict[str, Any]:
+    """Returns the metrics plus ``started_at`` / ``ended_at`` (``ctx.clock()``): in async RL this runs in a thread
+    beside the next rollout, and the flow's timeline needs when it really ran."""
+    started = ctx.clock()
     metrics = ctx.engines.train(iteration)
     ctx.store.put_json(iteration, "train.json", metrics, meta={"policy_version": metrics["policy_version"]})
-    return metrics
+    return {**metrics, "started_at": started, "ended_at": ctx.clock()}

@@ -18,6 +18,16 @@ def test_hand_computed():
     assert m["mismatch_abs_logp_mean"] == pytest.approx((math.log(2) + 0 + math.log(4)) / 3)
 
 
+def test_decoupled_mode_masks_tokens_beyond_the_cap_and_keeps_the_others_whole():
+    old = torch.log(torch.tensor([[0.5, 0.9, 0.2, 0.6]], dtype=F64))
+    samp = torch.log(torch.tensor([[0.25, 0.9, 0.8, 0.4]], dtype=F64))
+    w, m = truncated_is_weights(old, samp, torch.tensor([[1, 1, 1, 0]]), cap=1.5, mode="mask")
+    assert torch.allclose(w, torch.tensor([[0.0, 1.0, 0.25, 0.0]], dtype=F64))  # 2.0 > cap: no loss; padding 0
+    assert m["tis_capped_frac"] == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="mode must be"):
+        truncated_is_weights(old, samp, torch.ones(1, 4), cap=1.5, mode="clip")
+
+
 def test_matches_loop_and_is_detached():
     gen = torch.Generator().manual_seed(0)
     old = (-torch.rand(5, 7, generator=gen, dtype=F64) * 3).requires_grad_(True)

@@ -86,6 +86,19 @@ def test_tensor_parallel_needs_gpus_and_auto_transport_follows_placement():
     assert build_config(_tree()).transport == "inprocess"
 
 
+def test_async_needs_split_turns_tis_on_and_shifts_the_sampling_version():
+    tree = dict(rollout={"prompts_per_iteration": 4, "samples_per_prompt": 8, "max_staleness": 2})
+    with pytest.raises(ConfigError, match=r"rollout.max_staleness=2 .*cluster.placement=split"):
+        build_config(_tree(**tree))
+    cfg = build_config(_tree(**tree, cluster={"placement": "split"}, train={"mini_batch_size": 16}))
+    assert cfg.algo.tis_cap == 2.0 and cfg.optimizer_steps_per_iteration == 2
+    assert [cfg.sampling_version(i) for i in range(5)] == [0, 0, 0, 2, 4]
+    off = build_config(_tree(**tree, cluster={"placement": "split"}, algo={"tis_cap": None}))
+    assert off.algo.tis_cap is None  # an explicit null keeps the correction off
+    assert build_config(_tree()).algo.tis_cap is None
+    assert build_config(_tree()).sampling_version(3) == build_config(_tree()).policy_version_before(3)
+
+
 def test_colocated_samplers_follow_learners_unless_given():
     tree = dict(rollout={"prompts_per_iteration": 4, "samples_per_prompt": 8})
     assert build_config(_tree(**tree, cluster={"learners": 2})).cluster.samplers == 2

@@ -6,7 +6,7 @@ import struct
 
 import pyarrow as pa
 
-from grpo_core.report import metrics_table, plot_curves, summary_lines, write_report
+from grpo_core.report import metrics_table, plot_curves, plot_timeline, stage_spans, summary_lines, write_report
 from grpo_core.storage import RunStore
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -36,6 +36,20 @@ def test_plot_curves_is_a_png():
     width, height = _png_size(png)
     assert (width, height) == (800, 600)
     assert len(png) > 5000  # two drawn panels, not an empty canvas
+
+
+def test_stage_spans_and_timeline():
+    table = pa.table({
+        "iteration": [0, 1, 2],
+        "rollout_started_at": [0.0, 1.0, None], "rollout_ended_at": [1.0, 2.5, None],
+        "train_started_at": [1.0, 2.6, 4.0], "train_ended_at": [2.6, 4.0, 5.5],
+    })
+    spans = stage_spans(table)
+    assert spans["rollout"] == [(0, 0.0, 1.0), (1, 1.0, 2.5)]  # a row without timestamps has no bar
+    assert spans["train"][2] == (2, 4.0, 5.5) and spans["score"] == [] and spans["sync"] == []
+    width, height = _png_size(plot_timeline(table))
+    assert width == 1000 and height >= 300
+    assert _png_size(plot_timeline(pa.table({"iteration": pa.array([], pa.int64())})))[0] == 1000
 
 
 def test_plot_curves_survives_missing_columns_and_empty_table():

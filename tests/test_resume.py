@@ -7,7 +7,6 @@ The run on a real S3 server whose service goes away for 10 s lives in test_flow_
 """
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from safetensors.torch import load_file
 
 from grpo_core import checkpoint
 from grpo_core.storage import RunStore
+from tests.cli_runs import api_env, kill_tree, run_cli_to_end, start_cli, wait_committed, wait_listed
 from tests.conftest import REPO, tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -71,68 +71,6 @@ def reference(tiny_model, tmp_path_factory, prefect_harness):
     return root
 
 
-# ------------------------------------------------------------------------------------------- subprocess runs
-
-def _api_env() -> dict[str, str]:
-    from prefect.settings import PREFECT_API_URL
-
-    env = dict(os.environ, PREFECT_API_URL=PREFECT_API_URL.value(), PYTHONUNBUFFERED="1",
-               PREFECT_LOGGING_LEVEL="WARNING")
-    env.pop("PREFECT_HOME", None)
-    return env
-
-
-def _start_cli(config: dict, tmp: Path, log_name: str) -> tuple[subprocess.Popen, Path]:
-    path = tmp / f"{log_name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    log = tmp / f"{log_name}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "train", "--config", str(path)], cwd=REPO,
-                            env=_api_env(), stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, log
-
-
-def _kill_tree(proc: subprocess.Popen) -> int:
-    """SIGKILL the flow process and every process under it (Ray's head, workers and actors, the scorer pool)."""
-    tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
-    for p in tree:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait(timeout=60)
-    gone, alive = psutil.wait_procs(tree, timeout=30)
-    assert not alive, f"processes survived the kill: {alive}"
-    return len(tree)
-
-
-def _wait_listed(store: RunStore, iteration: int, name: str, proc: subprocess.Popen, log: Path,
-                 timeout: float = 400) -> None:
-    """Until the iteration's manifest lists ``name`` (the stage is committed)."""
-    deadline = time.monotonic() + timeout
-    while store.entry(iteration, name) is None:
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended (rc {proc.returncode}) before the kill point:\n{log.read_text()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {name} for iteration {iteration} in time:\n{log.read_text()}")
-        time.sleep(0.005)
-
-
-def _run_cli_to_end(config: dict, tmp: Path, log_name: str) -> str:
-    proc, log = _start_cli(config, tmp, log_name)
-    rc = proc.wait(timeout=600)
-    text = log.read_text()
-    assert rc == 0, text
-    return text
-
-
-def _wait_committed(store: RunStore, proc: subprocess.Popen, log: Path, timeout: float = 400) -> None:
-    deadline = time.monotonic() + timeout
-    while checkpoint.latest(store) is None:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"no checkpoint was committed:\n{log.read_text()}")
-        time.sleep(0.02)
-
-
 def _check_resumed(text: str, store: RunStore, run: str, committed: checkpoint.CheckpointRef) -> None:
     assert f"resuming {run} from {committed.name}, policy version {committed.policy_version}" in text, text
     rows = store.read_metrics().to_pylist()
@@ -146,10 +84,10 @@ def test_sigkill_between_stages_then_resume_is_exact(reference, tiny_model, tmp_
     the last committed one is planted too: the resume must ignore it and use the committed one."""
     cfg = _config(tiny_model, tmp_path, "cut")
     store = RunStore(str(tmp_path), "cut")
-    proc, log = _start_cli(cfg, tmp_path, "first")
-    _wait_committed(store, proc, log)
-    _wait_listed(store, 3, "rollouts.parquet", proc, log)
-    _kill_tree(proc)
+    proc, log = start_cli(cfg, tmp_path, "first")
+    wait_committed(store, proc, log)
+    wait_listed(store, 3, "rollouts.parquet", proc, log)
+    kill_tree(proc)
     assert store.entry(3, "scored.parquet") is None, "the kill was meant to land between rollout and score"
     committed = checkpoint.latest(store)
     assert committed.iteration == 1, committed  # iter-000003 is only started after iteration 3's sync
@@ -160,7 +98,7 @@ def test_sigkill_between_stages_then_resume_is_exact(reference, tiny_model, tmp_
     weights = half / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
 
-    text = _run_cli_to_end(cfg, tmp_path, "resumed")
+    text = run_cli_to_end(cfg, tmp_path, "resumed")
     _check_resumed(text, store, "cut", committed)
     _assert_same_run(tmp_path, "cut", reference, "ref")
     assert checkpoint.latest(store).iteration == ITERATIONS - 1
@@ -172,14 +110,14 @@ def test_sigkill_mid_training_then_resume_is_exact(reference, tiny_model, tmp_pa
     """Kill as soon as iteration 4's batch is scored: the learner is inside its update (two optimizer steps)."""
     cfg = _config(tiny_model, tmp_path, "midtrain")
     store = RunStore(str(tmp_path), "midtrain")
-    proc, log = _start_cli(cfg, tmp_path, "first")
-    _wait_listed(store, 4, "scored.parquet", proc, log)
-    _kill_tree(proc)
+    proc, log = start_cli(cfg, tmp_path, "first")
+    wait_listed(store, 4, "scored.parquet", proc, log)
+    kill_tree(proc)
     assert store.entry(4, "train.json") is None, "the kill was meant to land inside iteration 4's update"
     committed = checkpoint.latest(store)  # iter-000003, or iter-000001 if the kill beat iter-000003's commit
     assert committed is not None and committed.iteration in (1, 3), committed
 
-    text = _run_cli_to_end(cfg, tmp_path, "resumed")
+    text = run_cli_to_end(cfg, tmp_path, "resumed")
     _check_resumed(text, store, "midtrain", committed)
     _assert_same_run(tmp_path, "midtrain", reference, "ref")
     if committed.iteration == 3:  # iteration 4's rollouts were sampled with the checkpoint's weights: reused
@@ -191,7 +129,7 @@ def test_a_changed_config_is_refused_naming_the_fields(reference, tiny_model, tm
     path = tmp_path / "changed.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = subprocess.run([sys.executable, "-m", "grpo_core.cli", "train", "--config", str(path)], cwd=REPO,
-                         env=_api_env(), capture_output=True, text=True, timeout=300)
+                         env=api_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "rollout.temperature: 1.0 -> 0.7" in out.stderr and "train.lr: 0.001 -> 0.0005" in out.stderr, out.stderr
     assert "seed" not in out.stderr
@@ -294,7 +232,7 @@ def test_giving_up_then_prefect_flow_run_retry_resumes_the_run_folder(reference,
 
     run_id = asyncio.run(failed_run_id())
     out = subprocess.run([str(Path(sys.executable).parent / "prefect"), "flow-run", "retry", run_id,
-                          "--entrypoint", "flows/grpo_train.py:grpo_train"], cwd=REPO, env=_api_env(),
+                          "--entrypoint", "flows/grpo_train.py:grpo_train"], cwd=REPO, env=api_env(),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout + out.stderr

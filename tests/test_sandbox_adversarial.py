@@ -28,8 +28,9 @@ def sandbox() -> Sandbox:
         pytest.skip(f"nsjail cannot run here: {exc}")
 
 
-def jailed_processes(timeout_s: float = 3.0) -> list[int]:
-    """Host pids owned by the jail's uid; polls briefly because the kernel reaps a dead PID namespace async."""
+def jailed_processes(timeout_s: float = 15.0) -> list[int]:
+    """Host pids owned by the jail's uid; polls because the kernel reaps a dead PID namespace asynchronously (seconds
+    on a loaded machine; returns as soon as none is left)."""
     deadline = time.monotonic() + timeout_s
     while True:
         pids = []

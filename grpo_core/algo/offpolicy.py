@@ -16,17 +16,21 @@ _LOG_LIMIT = 20.0
 
 
 def truncated_is_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor,
-                         cap: float) -> tuple[Tensor, dict[str, float]]:
+                         cap: float, mode: str = "truncate") -> tuple[Tensor, dict[str, float]]:
     """TIS weights and sampler/learner mismatch metrics.
 
     old_logprobs: [B, T] learner's log pi_old of the sampled tokens; sampler_logprobs: [B, T] the sampler's;
-    mask: [B, T] real tokens. cap: upper bound of the weights (> 0; 2 in Yao et al.).
-    Returns (weights [B, T] = min(exp(old - sampler), cap), detached, 0 outside the mask; metrics:
+    mask: [B, T] real tokens. cap: bound of the weights (> 0; 2 in Yao et al.). mode: "truncate" (TIS,
+    min(w, cap)) or "mask" (AReaL's decoupled objective: a token whose w exceeds cap gets weight 0, the others w;
+    pi_old plays AReaL's proximal policy).
+    Returns (weights [B, T] = min(exp(old - sampler), cap) (or the masked w), detached, 0 outside the mask; metrics:
       mismatch_abs_logp_mean (mean |old - sampler|), mismatch_k3 (k3 estimate of KL(sampler || old), token mean),
       tis_capped_frac (tokens whose weight hit the cap), tis_weight_mean, tis_weight_max).
     """
     if cap <= 0:
         raise ValueError(f"cap must be > 0, got {cap}")
+    if mode not in ("truncate", "mask"):
+        raise ValueError(f"mode must be 'truncate' or 'mask', got {mode!r}")
     if old_logprobs.dim() != 2:
         raise ValueError(f"old_logprobs must be [B, T], got shape {tuple(old_logprobs.shape)}")
     check_same_shape(old_logprobs=old_logprobs, sampler_logprobs=sampler_logprobs, mask=mask)
@@ -36,7 +40,8 @@ def truncated_is_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: T
         delta = torch.where(m, old_logprobs - sampler_logprobs, zero)  # log(pi_old / pi_sampler)
         clamped = delta.clamp(-_LOG_LIMIT, _LOG_LIMIT)
         raw = torch.exp(clamped)
-        weights = torch.where(m, raw.clamp(max=cap), zero)
+        kept = raw.clamp(max=cap) if mode == "truncate" else torch.where(raw > cap, zero, raw)
+        weights = torch.where(m, kept, zero)
         k3 = raw - clamped - 1.0
         metrics = {
             "mismatch_abs_logp_mean": float(masked_mean(delta.abs(), m)),

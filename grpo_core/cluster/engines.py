@@ -21,7 +21,8 @@ from ray.exceptions import RayActorError
 
 from grpo_core.checkpoint import CheckpointRef
 from grpo_core.cluster.ray_cluster import (
-    create_engine_actors, create_sampler_actor, kill, node_ids, node_ip, remove_groups, start_ray, stop_ray,
+    create_engine_actors, create_sampler_actor, kill, node_ids, node_ip, placed_group, remove_groups, start_ray,
+    stop_ray,
 )
 from grpo_core.config import GRPOConfig
 
@@ -72,10 +73,12 @@ class Engines:
         self.samplers: list = []
         self.learners: list = []
         self._groups: list = []
+        self._slots: list = []
         self._described: dict[Any, str] = {}
         self._checkpoint_results: list | None = None
         self.info: dict[str, Any] = {}
         self.replaced_samplers = 0
+        self._dead: set[int] = set()  # samplers that died in a rollout, replaced at the next sync
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> dict[str, Any]:
@@ -94,6 +97,8 @@ class Engines:
     def _create(self) -> dict[str, Any]:
         started = time.perf_counter()
         self.samplers, self.learners, self._groups = create_engine_actors(self.cfg)
+        # where each sampler sits: (placement group, bundle index); split placement's samplers share group 0
+        self._slots = [(self._groups[0], i) for i in range(len(self.samplers))]
         for a in self._actors():
             self._described[a] = self._role(a)
         host = node_ip(self.learners[0])
@@ -141,9 +146,10 @@ class Engines:
     def _teardown(self) -> None:
         for a in self._actors():
             kill(a)
-        remove_groups(self._groups)
-        self.samplers, self.learners, self._groups = [], [], []
+        remove_groups(self._groups + [g for g, _ in self._slots if all(g is not h for h in self._groups)])
+        self.samplers, self.learners, self._groups, self._slots = [], [], [], []
         self._checkpoint_results = None
+        self._dead.clear()
 
     def close(self) -> None:
         if self._groups or self.samplers:
@@ -195,14 +201,17 @@ class Engines:
 
     # --------------------------------------------------------------------------------------------- sampling
     def rollout(self, iteration: int, prompts: list[dict[str, Any]], group_offset: int) -> tuple[pa.Table, dict]:
-        """G samples per prompt, prompts sharded over the samplers (a group never splits); rows in prompt order.
-        In split placement a sampler that dies has its shard redone by a live one and is then replaced."""
-        bounds = [b for b in shard(len(prompts), len(self.samplers)) if b[1] > b[0]]
+        """G samples per prompt, prompts sharded over the live samplers (a group never splits); rows in prompt
+        order. In split placement a sampler that dies has its shard redone by a live one; it is replaced at the
+        next sync (``replace_dead_samplers``), so that it catches up to the version the learner then publishes:
+        in async RL the learner is training while this runs."""
+        live = [i for i in range(len(self.samplers)) if i not in self._dead]
+        bounds = [b for b in shard(len(prompts), len(live)) if b[1] > b[0]]
         pending: dict[Any, tuple[int, int, int]] = {}
-        for sid, (lo, hi) in enumerate(bounds):
+        for sid, (lo, hi) in zip(live, bounds):
             ref = self.samplers[sid].sample.remote(iteration, prompts[lo:hi], group_offset + lo)
             pending[ref] = (sid, lo, hi)
-        dead: set[int] = set()
+        lost = 0
         done: dict[int, tuple[pa.Table, dict]] = {}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
@@ -214,17 +223,16 @@ class Engines:
                 if self.colocated:
                     raise EngineLost(f"{self._described.get(self.samplers[sid])} died during rollout: "
                                      f"{str(exc).strip().splitlines()[-1]}") from exc
-                dead.add(sid)
-                live = [i for i in range(len(self.samplers)) if i not in dead]
+                self._dead.add(sid)
+                lost += 1
+                live = [i for i in range(len(self.samplers)) if i not in self._dead]
                 if not live:
                     raise EngineLost(f"every sampler died during the rollout of iteration {iteration}") from exc
                 other = live[lo % len(live)]
                 print(f"{self._described.get(self.samplers[sid])} died during rollout; its {hi - lo} prompts go to "
-                      f"sampler {other}")
+                      f"sampler {other}; it is replaced at the next sync")
                 pending[self.samplers[other].sample.remote(iteration, prompts[lo:hi], group_offset + lo)] = \
                     (other, lo, hi)
-        for sid in sorted(dead):
-            self._replace_sampler(sid)
         parts = [done[lo] for lo in sorted(done)]
         table = pa.concat_tables([t for t, _ in parts])
         metas = [m for _, m in parts]
@@ -232,7 +240,18 @@ class Engines:
         if len(versions) != 1:
             raise RuntimeError(f"samplers served different policy versions {sorted(versions)} in one rollout")
         return table, {"seconds": max(m["seconds"] for m in metas), "policy_version": versions.pop(),
-                       "samplers_used": len({m["sampler_id"] for m in metas}), "samplers_lost": len(dead)}
+                       "samplers_used": len({m["sampler_id"] for m in metas}), "samplers_lost": lost}
+
+    def sampler_versions(self) -> list[int]:
+        """The policy version every live sampler serves (asks the samplers only: never waits for a training
+        learner)."""
+        live = [self.samplers[i] for i in range(len(self.samplers)) if i not in self._dead]
+        return [v["sampler"] for v in self._get([a.versions.remote() for a in live], live, "versions")]
+
+    def replace_dead_samplers(self) -> None:
+        for sid in sorted(self._dead):
+            self._replace_sampler(sid)
+            self._dead.discard(sid)
 
     def _replace_sampler(self, sid: int) -> None:
         """A new sampler actor in the dead one's place, serving the learner's current weights (files transport)."""
@@ -240,21 +259,64 @@ class Engines:
         old = self.samplers[sid]
         kill(old)
         self._described.pop(old, None)
-        group = self._groups[0]  # split placement: the samplers' placement group comes first
-        new = create_sampler_actor(self.cfg, sid, group)
-        self.samplers[sid] = new
-        self._described[new] = f"sampler {sid}"
-        info = self._get([new.setup.remote(None, None)], [new], "setup", starting=True)[0]
-        self._described[new] = f"sampler {sid} (pid {info['pid']} on {info['host']})"
-        version = self._publish()
-        self._get([new.load_published.remote(version)], [new], "load_published")
-        if self.transport in ("broadcast", "cuda_ipc"):  # the transfer group is formed again with the new member
-            live = [s for s in self.samplers if s is not new]
-            self._get([a.wt_shutdown.remote() for a in live + self.learners], live + self.learners, "wt_shutdown")
-            self._init_transfer()
+        version = self._start_samplers([sid])
         self.replaced_samplers += 1
         print(f"replaced sampler {sid} in {time.perf_counter() - started:.1f}s; it caught up to policy version "
               f"{version} through {self.cfg.storage.root}/.../weights/")
+
+    def _start_samplers(self, ids: list[int]) -> int:
+        """Create, set up and catch up the sampler actors ``ids`` in their slots (through ``weights/``); the
+        transfer group is formed again with them. Returns the version they serve."""
+        new = []
+        for sid in ids:
+            group, bundle = self._slots[sid]
+            actor = create_sampler_actor(self.cfg, sid, group, bundle)
+            self.samplers[sid] = actor
+            self._described[actor] = f"sampler {sid}"
+            new.append(actor)
+        infos = self._get([a.setup.remote(None, None) for a in new], new, "setup", starting=True)
+        for actor, sid, info in zip(new, ids, infos):
+            self._described[actor] = f"sampler {sid} (pid {info['pid']} on {info['host']})"
+        version = self._publish()
+        self._get([a.load_published.remote(version) for a in new], new, "load_published")
+        self._reform_transfer(joined=new)
+        return version
+
+    def _reform_transfer(self, joined: list = ()) -> None:
+        """broadcast / cuda_ipc: the transfer group is formed again with the current samplers (the ones in
+        ``joined`` were not members of the old one)."""
+        if self.transport not in ("broadcast", "cuda_ipc"):
+            return
+        members = [s for s in self.samplers if s not in joined] + self.learners
+        self._get([a.wt_shutdown.remote() for a in members], members, "wt_shutdown")
+        self._init_transfer()
+
+    def scale_samplers(self, count: int) -> dict[str, Any]:
+        """Change the number of sampler actors between iterations (split placement): new ones get a placement
+        group of their own and load the current weights before they serve; removed ones (the highest ids) are
+        killed."""
+        if self.colocated:
+            raise ValueError("cluster.placement=colocate: samplers are the learner ranks' actors; scale them by "
+                             "resuming with another cluster.learners")
+        if count < 1:
+            raise ValueError(f"a run needs at least one sampler, not {count}")
+        self.replace_dead_samplers()
+        started, before = time.perf_counter(), len(self.samplers)
+        if count > before:
+            res = self.cfg.cluster.sampler_resources
+            for sid in range(before, count):
+                self._slots.append((placed_group(res, 1, f"grpo-{self.cfg.run_name}-sampler-{sid}", "sampler"), 0))
+                self.samplers.append(None)
+            self._start_samplers(list(range(before, count)))
+        elif count < before:
+            gone, slots = self.samplers[count:], self._slots[count:]
+            self.samplers, self._slots = self.samplers[:count], self._slots[:count]
+            for actor in gone:
+                kill(actor)
+                self._described.pop(actor, None)
+            remove_groups([group for group, _ in slots if group is not self._groups[0]])
+            self._reform_transfer()
+        return {"samplers_before": before, "samplers": len(self.samplers), "seconds": time.perf_counter() - started}
 
     def generate_eval(self, iteration: int, prompts: list[dict[str, Any]], greedy: bool,
                       samples: int) -> tuple[pa.Table, dict]:
@@ -272,8 +334,10 @@ class Engines:
 
     # ------------------------------------------------------------------------------------------------- sync
     def sync(self) -> dict[str, Any]:
-        """Push the learner's weights to every sampler with the configured transport."""
+        """Push the learner's weights to every sampler with the configured transport (samplers that died since
+        the last sync are replaced first)."""
         started = time.perf_counter()
+        self.replace_dead_samplers()
         if self.transport == "inprocess":
             outs = self._on_learners("push_inprocess")
             version, nbytes = int(outs[0]["version"]), outs[0]["bytes"]

@@ -83,6 +83,21 @@ def _bundle(res: RoleResources) -> dict[str, float]:
     return bundle
 
 
+def placed_group(res: RoleResources, count: int, name: str, role: str):
+    """A ready placement group of ``count`` bundles of ``res``; a clear error after PLACEMENT_TIMEOUT_S when the
+    cluster cannot hold it (instead of waiting forever)."""
+    group = placement_group([_bundle(res)] * count, strategy="PACK", name=name)
+    try:
+        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise RuntimeError(
+            f"Ray cannot place {count} {role} actor(s) of {_bundle(res)} each within {PLACEMENT_TIMEOUT_S:.0f}s; "
+            f"the cluster has {ray.available_resources()} available (cluster.{role if role != 'policy' else 'learner'}"
+            f"_resources, cluster.samplers/learners)") from None
+    return group
+
+
 def create_engine_actors(cfg: GRPOConfig) -> tuple[list, list, list]:
     """The engine actors of the placement, not yet set up: (samplers, learners, placement groups). Colocated
     actors appear in both lists. Each role is gang-placed with a placement group, which fails with a clear message
@@ -94,15 +109,7 @@ def create_engine_actors(cfg: GRPOConfig) -> tuple[list, list, list]:
     local = not cfg.cluster.ray_address
     samplers, learners, groups = [], [], []
     for role, count, res in _roles(cfg):
-        group = placement_group([_bundle(res)] * count, strategy="PACK", name=f"grpo-{cfg.run_name}-{role}")
-        try:
-            ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            remove_placement_group(group)
-            raise RuntimeError(
-                f"Ray cannot place {count} {role} actor(s) of {_bundle(res)} each within {PLACEMENT_TIMEOUT_S:.0f}s; "
-                f"the cluster has {ray.available_resources()} available (cluster.{role if role != 'policy' else 'learner'}"
-                f"_resources, cluster.samplers/learners)") from None
+        group = placed_group(res, count, f"grpo-{cfg.run_name}-{role}", role)
         groups.append(group)
         threads = res.torch_threads or os.cpu_count() or 1
         for i in range(count):
@@ -121,8 +128,8 @@ def create_engine_actors(cfg: GRPOConfig) -> tuple[list, list, list]:
     return samplers, learners, groups
 
 
-def create_sampler_actor(cfg: GRPOConfig, sampler_id: int, group) -> Any:
-    """A replacement sampler in the bundle a dead one held (split placement)."""
+def create_sampler_actor(cfg: GRPOConfig, sampler_id: int, group, bundle_index: int) -> Any:
+    """A sampler actor in a bundle of a placement group: a dead one's (replacement) or a new group's (scale-up)."""
     from grpo_core.engine_worker import EngineWorker
 
     res = cfg.cluster.sampler_resources
@@ -130,7 +137,7 @@ def create_sampler_actor(cfg: GRPOConfig, sampler_id: int, group) -> Any:
         num_cpus=res.num_cpus, num_gpus=res.num_gpus, resources=res.resources or None, max_restarts=0,
         max_concurrency=1,
         scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group,
-                                                             placement_group_bundle_index=sampler_id),
+                                                             placement_group_bundle_index=bundle_index),
         runtime_env={"env_vars": actor_env(res.torch_threads or os.cpu_count() or 1, not cfg.cluster.ray_address)},
     ).remote(cfg, sampler_id=sampler_id, learner_rank=None)
 

@@ -203,7 +203,8 @@ class Learner:
                     is_weights = None
                     if self.algo.tis_cap is not None:
                         is_weights, tis_metrics = truncated_is_weights(
-                            mb_old, mb.sampler_logprobs[:, :width].to(self.device), mask, cap=self.algo.tis_cap)
+                            mb_old, mb.sampler_logprobs[:, :width].to(self.device), mask, cap=self.algo.tis_cap,
+                            mode="truncate" if self.algo.offpolicy == "tis" else "mask")
                         record(tis_metrics)
                     loss, metrics = policy_loss(
                         logp, mb_old, mb.advantages.to(self.device), mask,

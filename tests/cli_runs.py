@@ -1,0 +1,76 @@
+"""Runs of `grpo train` in a subprocess that tests kill and resume (the flow's whole process tree, SIGKILL)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+from grpo_core import checkpoint
+from grpo_core.storage import RunStore
+from tests.conftest import REPO
+
+
+def api_env() -> dict[str, str]:
+    from prefect.settings import PREFECT_API_URL
+
+    env = dict(os.environ, PREFECT_API_URL=PREFECT_API_URL.value(), PYTHONUNBUFFERED="1",
+               PREFECT_LOGGING_LEVEL="WARNING")
+    env.pop("PREFECT_HOME", None)
+    return env
+
+
+def start_cli(config: dict, tmp: Path, log_name: str) -> tuple[subprocess.Popen, Path]:
+    path = tmp / f"{log_name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = tmp / f"{log_name}.log"
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "train", "--config", str(path)], cwd=REPO,
+                            env=api_env(), stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log
+
+
+def kill_tree(proc: subprocess.Popen) -> int:
+    """SIGKILL the flow process and every process under it (Ray's head, workers and actors, the scorer pool)."""
+    tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+    for p in tree:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=60)
+    gone, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, f"processes survived the kill: {alive}"
+    return len(tree)
+
+
+def wait_listed(store: RunStore, iteration: int, name: str, proc: subprocess.Popen, log: Path,
+                 timeout: float = 400) -> None:
+    """Until the iteration's manifest lists ``name`` (the stage is committed)."""
+    deadline = time.monotonic() + timeout
+    while store.entry(iteration, name) is None:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (rc {proc.returncode}) before the kill point:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {name} for iteration {iteration} in time:\n{log.read_text()}")
+        time.sleep(0.005)
+
+
+def run_cli_to_end(config: dict, tmp: Path, log_name: str) -> str:
+    proc, log = start_cli(config, tmp, log_name)
+    rc = proc.wait(timeout=600)
+    text = log.read_text()
+    assert rc == 0, text
+    return text
+
+
+def wait_committed(store: RunStore, proc: subprocess.Popen, log: Path, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while checkpoint.latest(store) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no checkpoint was committed:\n{log.read_text()}")
+        time.sleep(0.02)
