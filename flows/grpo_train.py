@@ -34,6 +34,7 @@ from grpo_core.storage import RunStore
 from tasks.checkpoint import begin_checkpoint, commit_checkpoint
 from tasks.context import RunContext
 from tasks.evaluate import evaluate
+from tasks.inbox import take_inbox
 from tasks.io_retry import io_retry_options
 from tasks.rollout import rollout
 from tasks.run_state import latest_checkpoint, prepare_run, record, scale_samplers, write_status
@@ -55,7 +56,7 @@ class _Stages:
                          ("sync", sync), ("evaluate", evaluate), ("begin_checkpoint", begin_checkpoint),
                          ("commit_checkpoint", commit_checkpoint), ("record", record),
                          ("write_status", write_status), ("latest_checkpoint", latest_checkpoint),
-                         ("scale_samplers", scale_samplers),
+                         ("scale_samplers", scale_samplers), ("take_inbox", take_inbox),
                          ("prepare_run", prepare_run)):
             setattr(self, name, fn.with_options(**opts))
 
@@ -97,12 +98,14 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus) -> RunCo
 @dataclass
 class _Batch:
     """One iteration's training batch as collected: rollout task results (one per dynamic-sampling round), the
-    score result, the seconds spent inside the engines and scorer, the wall seconds, and stage timestamps."""
+    score result, the seconds spent inside the engines and scorer, the wall seconds, stage timestamps, and the
+    take-inbox result."""
     rollouts: list[dict[str, Any]]
     scored: dict[str, Any]
     inside: float
     wall: float
     stamps: dict[str, float]
+    inbox: dict[str, Any]  # what the iteration took from the inbox (groups, rows, version_min, version_sum)
 
 
 def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
@@ -117,6 +120,7 @@ def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
     rollouts, scored = [], []
     batch = DynamicBatch(cfg.rollout.prompts_per_iteration, cfg.algo.max_resample_times, cfg.algo.filter_range) \
         if cfg.algo.filter_groups else None
+    taken = stages.take_inbox(ctx, iteration) if cfg.rollout.max_staleness > 0 and batch is None else None
     while not rollouts or (batch is not None and not (batch.full or batch.exhausted)):
         rollouts.append(stages.rollout(ctx, iteration, len(rollouts)))
         stamps["rollout_ended_at"] = ctx.clock()
@@ -134,7 +138,7 @@ def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
         sc.update({k: v for k, v in out.items() if k != "name"})
         sc["score_seconds"] = sum(s.get("score_seconds", 0.0) for s in scored)
     inside = sum(r["seconds"] for r in rollouts if not r.get("reused")) + _score_seconds(sc)
-    return _Batch(rollouts, sc, inside, time.perf_counter() - t0, stamps)
+    return _Batch(rollouts, sc, inside, time.perf_counter() - t0, stamps, taken or {"groups": 0, "rows": 0})
 
 
 @flow(name="grpo-train", log_prints=True)
@@ -290,14 +294,14 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int) -> dict[str, A
             check_s = sy.get("check_seconds", 0.0)
             overlapped = max(tr["seconds"], batches[ahead].inside if ahead is not None else 0.0)
             rollouts, sc = batch.rollouts, batch.scored
-            staleness = (cfg.policy_version_before(it) - rollouts[0]["policy_version"]) / \
-                cfg.optimizer_steps_per_iteration
-            if staleness > lag:  # the sampling-version rule makes this impossible; never train on it if it happens
-                raise RuntimeError(f"iteration {it}'s batch is {staleness} iterations stale, more than "
+            staleness_mean, staleness_max = _staleness(cfg, it, rollouts, batch.inbox)
+            if staleness_max > lag:  # the sampling-version rule makes this impossible; never train on it if it did
+                raise RuntimeError(f"iteration {it}'s batch is {staleness_max} iterations stale, more than "
                                    f"rollout.max_staleness={lag}")
             row.update({
                 "policy_version": rollouts[0]["policy_version"],
-                "staleness_mean": staleness, "staleness_max": staleness,
+                "staleness_mean": staleness_mean, "staleness_max": staleness_max,
+                "inbox_groups": batch.inbox["groups"], "inbox_rejected": batch.inbox.get("rejected", 0),
                 "reward_mean": sc["reward_mean"],
                 "accuracy_mean": sc.get("reward_accuracy_mean"),
                 "loss": tr["loss"], "grad_norm": tr["grad_norm"], "lr": tr["lr"],
@@ -341,6 +345,20 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int) -> dict[str, A
             stages.record(store, ctx.status, final)
             progress.update(final)
     return last_eval
+
+
+def _staleness(cfg: GRPOConfig, iteration: int, rollouts: list[dict[str, Any]],
+               taken: dict[str, Any]) -> tuple[float, float]:
+    """(mean, max) over the batch's rows of how many iterations the learner is ahead of the weights that sampled
+    them: our rollouts share one version, inbox rows carry their own."""
+    steps, learner = cfg.optimizer_steps_per_iteration, cfg.policy_version_before(iteration)
+    own_rows = cfg.batch_size - taken["rows"]
+    own = (learner - rollouts[0]["policy_version"]) / steps
+    if not taken["rows"]:
+        return own, own
+    outside_mean = (learner * taken["rows"] - taken["version_sum"]) / steps / taken["rows"]
+    mean = (own * own_rows + outside_mean * taken["rows"]) / cfg.batch_size
+    return mean, max(own, (learner - taken["version_min"]) / steps)
 
 
 def _poll_checkpoint(ctx: RunContext, stages: _Stages) -> None:

@@ -237,17 +237,15 @@ class EngineWorker:
             self._transfer = None
 
     # ------------------------------------------------------------------------------------------ learner side
-    def wt_trainer_init(self, samplers: list, host: str, port: int) -> None:
+    def wt_trainer_init(self, client, host: str, port: int) -> None:
         """Every learner rank: vLLM's trainer-side engine for the transport; rank 0 rendezvouses with every
-        sampler worker (the client reaches the sampler actors) and sends, the others join the gathers."""
-        from grpo_core.cluster.weight_client import SamplerWeightClient
-
-        tp = self.cfg.rollout.tensor_parallel_size
-        self._transfer_client = SamplerWeightClient(samplers, workers_per_sampler=tp)
+        sampler worker through ``client`` (a ``VLLMWeightSyncClient`` over the sampler actors, built by the cluster
+        layer) and sends, the others join the gathers."""
+        self._transfer_client = client
         info = trainer_init_info(backend_for(self.cfg.transport), rank=self.learner_rank, host=host, port=port,
-                                 world_size=1 + len(samplers) * tp, bucket_bytes=self.cfg.weights.bucket_mb * 2**20,
+                                 world_size=1 + client.workers, bucket_bytes=self.cfg.weights.bucket_mb * 2**20,
                                  largest_bytes=largest_tensor_bytes(self.learner.engine.module))
-        self._transfer = trainer_engine(info, self._transfer_client, learner_source(self.learner))
+        self._transfer = trainer_engine(info, client, learner_source(self.learner))
 
     def wt_send(self) -> dict[str, float]:
         """One weight update through the transfer engine (every learner rank calls it together)."""

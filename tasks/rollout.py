@@ -13,6 +13,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks.context import RunContext
+from tasks.inbox import inbox_groups
 
 
 @task(name="rollout", cache_policy=NONE)
@@ -30,6 +31,8 @@ def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> dict[str, Any]:
             f"(rollout.max_staleness={cfg.rollout.max_staleness}), but the samplers serve {serving} and "
             f"{ctx.store.url(f'iter-{iteration:06d}/{name}')} holds no complete rollout of that version")
     prompts = ctx.train_prompts.batch(iteration, round_)
+    if round_ == 0:  # groups taken from the inbox replace the iteration's last prompts
+        prompts = prompts[: len(prompts) - inbox_groups(ctx, iteration)]
     table, meta = ctx.engines.rollout(iteration, prompts, group_offset=round_ * len(prompts))
     lengths = table.column("response_length").to_pylist()
     meta.update({"tokens": int(sum(lengths)), "response_length_mean": sum(lengths) / len(lengths),

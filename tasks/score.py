@@ -18,6 +18,7 @@ from prefect.cache_policies import NONE
 from grpo_core.algo import group_filter
 from grpo_core.pipeline.scoring import add_advantages, group_success, score_table, with_rewards
 from tasks.context import RunContext
+from tasks.inbox import INBOX_FILE
 
 
 def scored_name(rollout_name: str) -> str:
@@ -43,6 +44,11 @@ def score(ctx: RunContext, iteration: int, rollout_name: str) -> dict[str, Any]:
     results, metrics = score_table(table, ctx.scorer, ctx.cfg.rollout.max_new_tokens)
     scored, adv_metrics = add_advantages(with_rewards(table, results), ctx.cfg)
     metrics.update(adv_metrics)
+    outside = ctx.store.entry(iteration, INBOX_FILE)
+    if outside is not None and rollout_name == "rollouts.parquet":  # inbox groups join the batch, scored already
+        taken, _ = add_advantages(ctx.store.get_table(iteration, INBOX_FILE), ctx.cfg)
+        scored = pa.concat_tables([scored, taken], promote_options="default")
+        metrics["inbox_groups"] = float(outside.meta["groups"])
     metrics["score_seconds"] = time.perf_counter() - started
     entry = ctx.store.put_table(iteration, out_name, scored,
                                 meta={"source_sha256": source.sha256 if source else None, "metrics": metrics})

@@ -3,13 +3,18 @@ while iteration k trains, every batch is trained on exactly min(k, s) iterations
 and a run killed mid-training and resumed ends bit-identical to an uninterrupted async run."""
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from grpo_core import checkpoint
+from grpo_core.pipeline import inbox
 from grpo_core.storage import RunStore
 from tests.cli_runs import kill_tree, run_cli_to_end, start_cli, wait_listed
 from tests.conftest import tiny_config
@@ -76,33 +81,62 @@ def test_sigkill_mid_training_then_resume_is_exact_in_async_mode(reference, tiny
     assert store.entry(committed.iteration + 1, "rollouts.parquet").meta["policy_version"] < committed.policy_version
 
 
-def test_grpo_scale_adds_a_sampler_to_a_running_flow(tiny_model, tmp_path, prefect_harness):
-    """`grpo scale RUN --samplers 2` while an async run is going: from the next iteration on two samplers draw
-    rows, the new one loaded the current weights first, and nothing else about the run changes."""
+def _inbox_item(tiny_model: str, groups: int, version: int):
+    """``groups`` scored groups as an outside producer would write them (the tiny model's tokens)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    rows = []
+    for g in range(groups):
+        prompt = tok.encode(f"What is {g} + 3?")
+        for i in range(4):
+            text = f"\\boxed{{{g + 3 + i % 2}}}"
+            response = tok.encode(text) + [tok.eos_token_id]
+            rows.append({"group_id": g, "sample_idx": i, "prompt_token_ids": prompt, "response_token_ids": response,
+                         "sampler_logprobs": [-1.0] * len(response), "response_text": text, "finish_reason": "stop",
+                         "truncated": False, "response_length": len(response), "policy_version": version,
+                         "reward": float(i % 2 == 0)})
+    return pa.Table.from_pylist(rows)
+
+
+def _put_inbox(store: RunStore, name: str, table) -> None:
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    store.put_bytes(f"inbox/{name}.parquet", buf.getvalue())
+    store.put_bytes(f"inbox/{name}.ready", b"")
+
+
+def test_a_running_async_flow_scales_out_and_takes_inbox_experience(tiny_model, tmp_path, prefect_harness):
+    """An async run with an outside producer's two scored groups and a bad file in its inbox (the groups replace
+    two of the first iteration's prompts and are trained on; the bad file is refused and kept with the field that
+    is wrong), and `grpo scale RUN --samplers 2` while it goes (from the next iteration on two samplers draw rows;
+    the new one loaded the current weights first)."""
     import threading
     import time
 
     from flows.grpo_train import grpo_train
     from grpo_core.cli import main as grpo_cli
 
-    cfg = tiny_config(tiny_model, str(tmp_path), run_name="elastic", iterations=5, eval__interval=0,
+    cfg = tiny_config(tiny_model, str(tmp_path), run_name="live", iterations=5, eval__interval=0,
                       rollout__max_staleness=1, cluster__placement="split", cluster__sampler_resources={"num_cpus": 0.5},
                       weights__transport="broadcast")
-    store = RunStore(str(tmp_path), "elastic")
+    store = RunStore(str(tmp_path), "live")
     asked: list[int] = []
 
-    def scale_after_iteration_1() -> None:
+    def operate_after_iteration_1() -> None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             try:
                 if 1 in store.read_metrics().column("iteration").to_pylist():
-                    asked.append(grpo_cli(["scale", "elastic", "--samplers", "2", "--root", str(tmp_path)]))
+                    asked.append(grpo_cli(["scale", "live", "--samplers", "2", "--root", str(tmp_path)]))
                     return
             except (OSError, KeyError):
                 pass
             time.sleep(0.05)
 
-    threading.Thread(target=scale_after_iteration_1, daemon=True).start()
+    _put_inbox(store, "a-bad", _inbox_item(tiny_model, 1, version=0).drop_columns(["reward"]))
+    _put_inbox(store, "b-env", _inbox_item(tiny_model, 2, version=0))
+    threading.Thread(target=operate_after_iteration_1, daemon=True).start()
     grpo_train(config=cfg)
     assert asked == [0]
     rows = [r for r in store.read_metrics().to_pylist() if r["iteration"] < 5]
@@ -114,5 +148,15 @@ def test_grpo_scale_adds_a_sampler_to_a_running_flow(tiny_model, tmp_path, prefe
         if r["samplers"] == 2:
             assert r["sync_logprob_max_diff_sampler1"] < 1e-4, r  # the new sampler serves the learner's weights
     # The batch sampled while the iteration that scaled up trained is drawn by both samplers.
-    ahead = store.get_table(first + 1, "rollouts.parquet")
-    assert set(ahead.column("sampler_id").to_pylist()) == {0, 1}
+    assert set(store.get_table(first + 1, "rollouts.parquet").column("sampler_id").to_pylist()) == {0, 1}
+
+    assert [r["inbox_groups"] for r in rows] == [2, 0, 0, 0, 0]
+    took = 0
+    scored = store.get_table(took, "scored.parquet")
+    assert scored.num_rows == 8 * 4 and store.get_table(took, "rollouts.parquet").num_rows == 6 * 4
+    assert scored.column("sampler_id").to_pylist()[-8:] == [-1] * 8
+    assert scored.column("group_id").to_pylist()[-8:] == [6] * 4 + [7] * 4
+    assert store.entry(took, "train.json") is not None
+    error = store.get_json_file("inbox/rejected/a-bad.error.json")
+    assert error["field"] == "reward" and error["error"] == "column is missing"
+    assert inbox.ready_items(store) == []

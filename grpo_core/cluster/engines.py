@@ -24,6 +24,7 @@ from grpo_core.cluster.ray_cluster import (
     create_engine_actors, create_sampler_actor, kill, node_ids, node_ip, placed_group, remove_groups, start_ray,
     stop_ray,
 )
+from grpo_core.cluster.weight_client import SamplerWeightClient
 from grpo_core.config import GRPOConfig
 
 
@@ -125,7 +126,8 @@ class Engines:
             return
         host = node_ip(self.learners[0])
         port = self._get([self.learners[0].free_port.remote(host)], [self.learners[0]], "free_port")[0]
-        self._on_learners("wt_trainer_init", self.samplers, host, port)
+        client = SamplerWeightClient(self.samplers, workers_per_sampler=self.cfg.rollout.tensor_parallel_size)
+        self._on_learners("wt_trainer_init", client, host, port)
 
     def _role(self, actor) -> str:
         parts = []

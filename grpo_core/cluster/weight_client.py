@@ -19,6 +19,11 @@ class SamplerWeightClient:
         self.workers_per_sampler = workers_per_sampler
         self.version: int | None = None  # what the samplers serve after the next finish
 
+    @property
+    def workers(self) -> int:
+        """vLLM workers on the inference side of the transfer group."""
+        return len(self.samplers) * self.workers_per_sampler
+
     def _all(self, method: str, args_per_sampler: list[tuple]) -> None:
         ray.get([getattr(s, method).remote(*args) for s, args in zip(self.samplers, args_per_sampler)])
 

@@ -1,0 +1,50 @@
+"""Inbox task: before an async iteration's rollout, take experience that outside producers left in the run
+folder's inbox/ (see grpo_core.pipeline.inbox) into ``iter-N/inbox.parquet``; the iteration then samples that many
+fewer prompts itself. A resumed run reuses the iteration's inbox.parquet, so it trains on the same rows."""
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from grpo_core.pipeline import inbox
+from tasks.context import RunContext
+
+INBOX_FILE = "inbox.parquet"
+
+
+@task(name="take-inbox", cache_policy=NONE)
+def take_inbox(ctx: RunContext, iteration: int) -> dict[str, Any]:
+    cfg, store = ctx.cfg, ctx.store
+    done = store.entry(iteration, INBOX_FILE)
+    if done is not None:
+        inbox.consume(store, done.meta["items"])  # a crash may have come between the commit and the deletes
+        return {"reused": True, **done.meta}
+    taken_before = set()  # ... and a resume may start after that iteration: never take an item twice
+    for earlier in range(max(0, iteration - cfg.rollout.max_staleness - 1), iteration):
+        entry = store.entry(earlier, INBOX_FILE)
+        taken_before.update(entry.meta["items"] if entry is not None else [])
+    inbox.consume(store, [name for name in inbox.ready_items(store) if name in taken_before])
+    taken = inbox.take(store, iteration=iteration, group_size=cfg.rollout.samples_per_prompt,
+                       batch_groups=cfg.rollout.prompts_per_iteration,
+                       oldest_version=cfg.sampling_version(iteration),
+                       newest_version=cfg.policy_version_before(iteration))
+    for error in taken.rejected:
+        print(f"inbox: refused {error['file']} (row {error['row']}, field {error['field']}): {error['error']}; "
+              f"kept in {store.url(inbox.REJECTED)}")
+    if taken.table is None:
+        return {"reused": False, "groups": 0, "rows": 0, "items": [], "rejected": len(taken.rejected)}
+    versions = taken.table.column("policy_version").to_pylist()
+    meta = {"groups": taken.groups, "rows": taken.table.num_rows, "items": taken.items,
+            "rejected": len(taken.rejected), "version_min": min(versions), "version_sum": sum(versions)}
+    store.put_table(iteration, INBOX_FILE, taken.table, meta=meta)
+    inbox.consume(store, taken.items)  # after the iteration's copy is committed
+    print(f"inbox: iteration {iteration} takes {taken.groups} group(s) from {', '.join(taken.items)}")
+    return {"reused": False, **meta}
+
+
+def inbox_groups(ctx: RunContext, iteration: int) -> int:
+    """Groups of ``iteration``'s batch that came from the inbox (0 without an inbox.parquet)."""
+    done = ctx.store.entry(iteration, INBOX_FILE)
+    return int(done.meta["groups"]) if done is not None else 0
