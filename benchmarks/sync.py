@@ -11,6 +11,8 @@ Cases (one sampler, one learner rank):
     split-files          placement split: learner writes weights/v-N/ (safetensors) to a local run folder, the sampler
                          loads it
     split-files-s3       the same, with the whole run folder on a local S3 server (SeaweedFS, grpo_core.s3server)
+    <case>-lora          colocate-inprocess, split-files or split-files-s3 with model.lora (rank ``--lora-rank``
+                         on every linear layer): each sync ships only the peft adapter (not in the default --cases)
 
 Per case it prints the median over iterations 1.. (iteration 0 includes warm-up; its sync is shown apart) of
 ``time_sync_s`` (the sync task as the flow sees it, without the check), of the time inside ``Engines.sync`` (the
@@ -19,7 +21,7 @@ same, without Prefect's task overhead), of ``time_sync_check_s`` (sampler vs lea
 (bytes / median time_sync_s, MB = 1e6 bytes) and the run's largest ``sync_logprob_max_diff`` (flagged if >= 1e-4).
 
     .venv/bin/python benchmarks/sync.py [--shapes tiny,24m] [--cases colocate-inprocess,split-broadcast,...]
-        [--iterations 4] [--bucket-mb 64] [--bucket-sweep 4,16,64] [--json out.jsonl] [--keep]
+        [--iterations 4] [--bucket-mb 64] [--bucket-sweep 4,16,64] [--lora-rank 8] [--json out.jsonl] [--keep]
 
 Not measured here: NCCL broadcast and CUDA IPC need GPUs (see benchmarks/gpu_ipc_sync.py); several samplers or
 learner ranks; overlap of sync with rollout or training (iterations are synchronous: rollout, score, train, sync).
@@ -52,6 +54,9 @@ CASES = {
     "split-files": {"cluster": {"placement": "split"}, "weights": {"transport": "files"}},
     "split-files-s3": {"cluster": {"placement": "split"}, "weights": {"transport": "files"}},
 }
+# LoRA variants: the same placements with model.lora; the weight bytes are then the adapter's.
+LORA_CASES = {f"{name}-lora": {**CASES[name], "model": {"lora": {}}}
+              for name in ("colocate-inprocess", "split-files", "split-files-s3")}
 MAX_DIFF = 1e-4
 
 
@@ -61,6 +66,22 @@ def weight_bytes(model_dir: Path) -> tuple[int, int]:
 
     tensors = [t for f in sorted(model_dir.glob("*.safetensors")) for t in load_file(str(f)).values()]
     return sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)
+
+
+def adapter_bytes(model_dir: Path, rank: int) -> tuple[int, int]:
+    """(parameters, bytes) of the LoRA adapter a model.lora run with ``rank`` syncs (the config's default
+    target modules), counted on the peft-wrapped model."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from grpo_core.config import LoraConfig as OurLora
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    lora = OurLora(rank=rank)
+    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=lora.alpha,
+                                                  target_modules=list(lora.target_modules)))
+    adapter = [p for p in peft_model.parameters() if p.requires_grad]
+    return sum(p.numel() for p in adapter), sum(p.numel() * p.element_size() for p in adapter)
 
 
 def run_case(model_dir: Path, overrides: dict, root: str, storage_options: dict, iterations: int) -> dict:
@@ -160,18 +181,20 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--bucket-mb", type=int, default=64, help="weights.bucket_mb of broadcast")
     parser.add_argument("--bucket-sweep", default=None, help="e.g. 4,16,64: one broadcast run per bucket size")
+    parser.add_argument("--lora-rank", type=int, default=8, help="model.lora.rank of the -lora cases")
     parser.add_argument("--json", default=None, help="append one JSON line per case to this file")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (models, run folders)")
     args = parser.parse_args()
     cases = args.cases.split(",")
-    unknown = [c for c in cases if c not in CASES]
+    known = {**CASES, **LORA_CASES}
+    unknown = [c for c in cases if c not in known]
     if unknown:
-        parser.error(f"unknown case(s) {unknown}; choose from {list(CASES)}")
+        parser.error(f"unknown case(s) {unknown}; choose from {list(known)}")
     buckets = [int(b) for b in args.bucket_sweep.split(",")] if args.bucket_sweep else [args.bucket_mb]
 
     work = Path(tempfile.mkdtemp(prefix="bench-sync-", dir="/tmp"))
     server = None
-    if "split-files-s3" in cases:
+    if any(c.startswith("split-files-s3") for c in cases):
         from grpo_core.s3server import start_s3_server
 
         server = start_s3_server(work / "s3", buckets=["bench"])
@@ -188,14 +211,18 @@ def main() -> None:
                 bench_iteration.build_model(model_dir, bench_iteration.FULL, force_length=True)
             else:
                 raise SystemExit(f"unknown shape {shape!r}: tiny or 24m")
-            params, nbytes = weight_bytes(model_dir)
+            full = weight_bytes(model_dir)
             for case in cases:
+                lora = case in LORA_CASES
+                params, nbytes = adapter_bytes(model_dir, args.lora_rank) if lora else full
                 for bucket in (buckets if case == "split-broadcast" else [None]):
-                    overrides = json.loads(json.dumps(CASES[case]))
+                    overrides = json.loads(json.dumps(known[case]))
+                    if lora:
+                        overrides["model"]["lora"]["rank"] = args.lora_rank
                     if bucket is not None:
                         overrides["weights"]["bucket_mb"] = bucket
                     tag = f"{shape}-{case}" + (f"-b{bucket}" if bucket is not None else "")
-                    if case == "split-files-s3":
+                    if case.startswith("split-files-s3"):
                         root, options = f"s3://bench/{tag}", server.storage_options
                     else:
                         root, options = str(work / "runs" / tag), {}

@@ -24,7 +24,7 @@ from typing import Any
 from prefect import flow
 
 from grpo_core.cluster.engines import EngineLost, Engines
-from grpo_core.config import GRPOConfig, build_config, load_config
+from grpo_core.config import GRPOConfig, build_config, check_model_folder, load_config
 from grpo_core.pipeline.prompts import PromptStream, PromptTokenizer
 from grpo_core.progress import Progress
 from grpo_core.report import plot_curves, plot_timeline, summary_lines
@@ -32,6 +32,7 @@ from grpo_core.rewards.scorer import Scorer
 from grpo_core.runs import RunStatus, requested_samplers
 from grpo_core.storage import RunStore
 from tasks.checkpoint import begin_checkpoint, commit_checkpoint
+from tasks.console import RunConsole
 from tasks.context import RunContext
 from tasks.evaluate import evaluate
 from tasks.inbox import take_inbox
@@ -141,13 +142,30 @@ def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
     return _Batch(rollouts, sc, inside, time.perf_counter() - t0, stamps, taken or {"groups": 0, "rows": 0})
 
 
-@flow(name="grpo-train", log_prints=True)
+def _flow_run_name() -> str:
+    """The flow run is named after the training run (its folder under storage.root), not a random name."""
+    from prefect.runtime import flow_run
+
+    from grpo_core.config import ConfigError
+
+    p = flow_run.parameters
+    try:
+        cfg = build_config(p["config"], "<flow parameter>") if p.get("config") is not None \
+            else load_config(p.get("config_path"), p.get("overrides"))
+    except ConfigError:
+        return "grpo-train-invalid-config"  # the flow itself then fails with the config error
+    return cfg.run_name
+
+
+@flow(name="grpo-train", flow_run_name=_flow_run_name, log_prints=True)
 def grpo_train(config_path: str | None = None, overrides: list[str] | None = None,
                config: dict | None = None) -> dict[str, Any]:
     """Train a policy with GRPO-family RL. Give a YAML path (+ `key=value` overrides) or a config dict.
     A run name whose folder exists is resumed from its latest checkpoint."""
     cfg = build_config(config, "<flow parameter>") if config is not None else load_config(config_path, overrides)
+    check_model_folder(cfg)
     store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
+    _tag_flow_run(cfg)
     stages = _Stages(cfg)
     started = time.perf_counter()
     plan = stages.prepare_run(cfg, store)
@@ -169,6 +187,24 @@ def grpo_train(config_path: str | None = None, overrides: list[str] | None = Non
         if ctx is not None:
             ctx.scorer.close()
             ctx.engines.close()
+
+
+def run_tags(cfg: GRPOConfig) -> list[str]:
+    """Tags that make runs findable in the UI's filters: algorithm, model, placement (and LoRA)."""
+    import os
+
+    tags = [f"preset:{cfg.algo.preset}", f"model:{os.path.basename(os.path.normpath(cfg.model.path))}",
+            f"placement:{cfg.cluster.placement}"]
+    return tags + (["lora"] if cfg.model.lora is not None else [])
+
+
+def _tag_flow_run(cfg: GRPOConfig) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run.id)
+        client.update_flow_run(run.id, tags=sorted(set(run.tags) | set(run_tags(cfg))))
 
 
 # What deployments run: a failed flow run is retried (the same flow run, same parameters) after a pause, and being
@@ -203,9 +239,10 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float) -> dict[str, A
         print(f"resuming {cfg.run_name} from {ref.name}, policy version {ref.policy_version} "
               f"(restored in {restored['seconds']:.1f}s; continuing at iteration {ref.next_iteration})")
     start = ref.next_iteration if ref is not None else 0
+    console = RunConsole(cfg.run_name, cfg.iterations, store.read_metrics().to_pylist())
     while True:
         try:
-            last_eval = _run_iterations(ctx, stages, start)
+            last_eval = _run_iterations(ctx, stages, start, console)
             break
         except EngineLost as lost:
             ctx.pending_checkpoint = None  # its writer died with the actor; it never counts
@@ -238,14 +275,16 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float) -> dict[str, A
     lines.append(f"total wall time {time.perf_counter() - started:.1f}s; run folder {store.uri}")
     for line in lines:
         print(line)
+    console.summary(lines, saved["folder"], ctx.status.latest_checkpoint)
     return {"run": store.uri, "iterations": cfg.iterations, "final_folder": saved["folder"],
             "final_eval_accuracy": last_eval["accuracy"] if last_eval else None, "summary": lines,
             "resumed_from": resumed_from, "recoveries": ctx.status.recoveries,
             "replaced_samplers": ctx.engines.replaced_samplers, "actors": ctx.status.actors}
 
 
-def _run_iterations(ctx: RunContext, stages: _Stages, start: int) -> dict[str, Any] | None:
-    """Iterations ``start..iterations-1`` and the final evaluation; returns the last evaluation."""
+def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunConsole) -> dict[str, Any] | None:
+    """Iterations ``start..iterations-1`` and the final evaluation; returns the last evaluation. Each recorded
+    row and evaluation also goes to the run's artifacts in the Prefect UI (``console``)."""
     cfg, store = ctx.cfg, ctx.store
     lag = cfg.rollout.max_staleness
     do_eval = bool(ctx.eval_prompts) and cfg.eval.interval > 0
@@ -258,13 +297,14 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int) -> dict[str, A
             wanted = requested_samplers(store) if cfg.cluster.placement == "split" else None
             if wanted is not None and wanted != len(ctx.engines.samplers):
                 stages.scale_samplers(ctx, wanted)
-            row["samplers"] = len(ctx.engines.samplers)
+            row["samplers"] = len(ctx.engines.live_sampler_ids())
             resync = ensure_synced(ctx, expected_learner_version=cfg.policy_version_before(it))
             row["resynced"] = resync is not None
             row["eval_accuracy"] = None
             if do_eval and it % cfg.eval.interval == 0:
                 last_eval = stages.evaluate(ctx, it)
                 row["eval_accuracy"] = last_eval["accuracy"]
+                console.evaluation(it, last_eval)
                 row["time_eval_s"] = time.perf_counter() - t0
             t1 = time.perf_counter()
             # The batches this iteration needs before training: its own and, in async RL, the next s - 1 (at a
@@ -289,7 +329,8 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int) -> dict[str, A
                 tr = training.result()
             t3 = time.perf_counter()
             sync_started = ctx.clock()
-            sy = stages.sync(ctx, check=(it, batch.rollouts[0]["name"]))
+            checked = it % cfg.weights.check_every == 0 or it == cfg.iterations - 1
+            sy = stages.sync(ctx, check=(it, batch.rollouts[0]["name"]) if checked else None, iteration=it)
             t4 = time.perf_counter()
             check_s = sy.get("check_seconds", 0.0)
             overlapped = max(tr["seconds"], batches[ahead].inside if ahead is not None else 0.0)
@@ -313,6 +354,7 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int) -> dict[str, A
                 "response_length_mean": rollouts[0]["response_length_mean"],
                 "truncated_frac": rollouts[0]["truncated_frac"],
                 "kept_frac": sc.get("kept_frac"), "rollout_rounds": len(rollouts),
+                "samplers_lost": sum(r.get("samplers_lost", 0) for r in rollouts),
                 "filtered_group_frac": sc.get("filtered_group_frac"),
                 "time_rollout_s": batch.wall - _score_seconds(sc), "time_score_s": _score_seconds(sc),
                 "sync_logprob_max_diff": sy.get("sync_logprob_max_diff"),
@@ -334,12 +376,14 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int) -> dict[str, A
             else:
                 _poll_checkpoint(ctx, stages)
             stages.record(store, ctx.status, row)
+            console.iteration_done(row)
             progress.update(row)
         final: dict[str, Any] = {"iteration": cfg.iterations, "eval_accuracy": None,
                                  "run_attempt": ctx.status.attempt}
         if do_eval:
             t0 = time.perf_counter()
             last_eval = stages.evaluate(ctx, cfg.iterations)
+            console.evaluation(cfg.iterations, last_eval)
             final.update({"eval_accuracy": last_eval["accuracy"], "time_eval_s": time.perf_counter() - t0,
                           "policy_version": last_eval["policy_version"]})
             stages.record(store, ctx.status, final)

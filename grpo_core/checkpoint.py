@@ -12,6 +12,10 @@ checkpoint is the state after an iteration's sync, in one folder of the run stor
       MANIFEST.json                                written LAST: every file with its size and sha256
     latest.json                                    then this, pointing at the newest committed checkpoint
 
+With LoRA (``model.lora``) the policy is the peft adapter (``adapter_model.safetensors`` + ``adapter_config.json``,
+loadable with ``PeftModel.from_pretrained`` on ``model.path``) and DeepSpeed's module states hold only the adapter:
+the frozen base is ``model.path`` itself.
+
 Writing is split so that training stalls only for the copy of the state in memory: the learner clones its
 state (``Snapshot``), a ``CheckpointWriter`` thread serialises and uploads it, and the flow commits it (manifest,
 then ``latest.json``, then pruning) once the upload is done. A checkpoint without a manifest does not exist.

@@ -1,10 +1,12 @@
-"""`grpo` command line: train, model, config, score, runs."""
+"""The library's command line: model, config, score, runs, scale, serve, export (`grpo train` is added by
+``grpo_cli``, above the flows)."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
+from typing import Any, Callable
 
 
 def _offline_defaults() -> None:
@@ -20,20 +22,6 @@ def _offline_defaults() -> None:
         os.environ.setdefault(key, value)
     if os.environ.get("PREFECT_HOME"):  # Prefect does not create missing parents, then its database fails to open
         os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    from grpo_core.config import RESUME_SAFE_FIELDS, load_config
-    from grpo_core.storage import RunStore
-
-    cfg = load_config(args.config, args.set)  # fail fast, before Prefect and Ray start
-    store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
-    if store.read_config() is not None:  # a resume: refuse a changed config before anything starts
-        store.check_config(cfg.model_dump(mode="json"), may_change=RESUME_SAFE_FIELDS)
-    from flows.grpo_train import grpo_train
-
-    result = grpo_train(config_path=args.config, overrides=args.set)
-    return 0 if result else 1
 
 
 def _cmd_model_tiny(args: argparse.Namespace) -> int:
@@ -135,15 +123,43 @@ def _cmd_runs_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from grpo_core.serve import ServeOptions, serve
+
+    extra = list(args.vllm_args)
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    serve(ServeOptions(model=args.model, host=args.host, port=args.port, dtype=args.dtype, seed=args.seed,
+                       max_model_len=args.max_model_len, kv_cache_mb=args.kv_cache_mb,
+                       gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=not args.compile,
+                       lora=args.lora, max_lora_rank=args.max_lora_rank, served_model_name=args.served_model_name,
+                       extra=extra))
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    """Base + a LoRA run's adapter merged into a plain HF model folder (peft's merge_and_unload)."""
+    from grpo_core.storage import RunStore
+    from grpo_core.weights.lora import ExportError, export_merged
+
+    store = RunStore(args.root, args.run, json.loads(args.storage_options) if args.storage_options else None)
+    try:
+        out = export_merged(store, args.out, checkpoint=args.checkpoint)
+    except ExportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"merged {out['source']} into {out['base']} -> {out['out']} ({out['seconds']:.1f}s); transformers and "
+          "vLLM load it as is")
+    return 0
+
+
+def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.ArgumentParser:
+    """The library's commands; ``add_commands(subparsers)`` adds more (``grpo_cli`` adds the ones that run flows,
+    which live above the flows: the library never imports them)."""
     parser = argparse.ArgumentParser(prog="grpo", description="GRPO/DAPO RL from verifiable rewards")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("train", help="run the grpo-train flow locally (Prefect ephemeral API, local Ray)")
-    p.add_argument("--config", required=True, help="YAML config file")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set rollout.temperature=0.7 (repeatable)")
-    p.set_defaults(func=_cmd_train)
+    if add_commands is not None:
+        add_commands(sub)
 
     p = sub.add_parser("model", help="build models")
     msub = p.add_subparsers(dest="model_command", required=True)
@@ -178,6 +194,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-options", default=None, help="fsspec options as JSON (S3 endpoint, keys)")
     p.set_defaults(func=_cmd_scale)
 
+    p = sub.add_parser("serve", help="vLLM's OpenAI-compatible server as a sampler for cluster.placement=external")
+    p.add_argument("--model", required=True, help="HF model folder")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only: the weight "
+                                                      "routes are reachable from wherever it listens)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--dtype", default="float32", help="as model.dtype of the runs it serves")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's own limit")
+    p.add_argument("--kv-cache-mb", type=int, default=256, help="CPU: KV cache size")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="GPU: fraction vLLM may use")
+    p.add_argument("--compile", action="store_true", help="CUDA graphs / torch.compile instead of eager mode")
+    p.add_argument("--lora", action="store_true", help="serve LoRA adapters loaded at run time (model.lora runs)")
+    p.add_argument("--max-lora-rank", type=int, default=16)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: more `vllm serve` arguments")
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("export", help="write a LoRA run's policy as a plain HF model (base + adapter merged)")
+    p.add_argument("--merge", action="store_true", required=True,
+                   help="merge the adapter into the base weights (the only export there is)")
+    p.add_argument("run", help="run name (its folder under --root)")
+    p.add_argument("out", help="new local folder for the merged model")
+    p.add_argument("--checkpoint", default=None, metavar="iter-N", help="a committed checkpoint instead of final/")
+    p.add_argument("--root", default="runs", help="storage root (a folder or s3://bucket/prefix)")
+    p.add_argument("--storage-options", default=None, help="fsspec options as JSON (S3 endpoint, keys)")
+    p.set_defaults(func=_cmd_export)
+
     p = sub.add_parser("score", help="score a file of responses offline")
     from grpo_core.rewards.score_file import add_score_arguments, run_score
 
@@ -186,9 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
     _offline_defaults()
-    args = build_parser().parse_args(argv)
+    args = (parser or build_parser()).parse_args(argv)
     from grpo_core.config import ConfigError
     from grpo_core.data.readers import DataError
     from grpo_core.storage import ConfigConflict

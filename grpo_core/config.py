@@ -17,9 +17,43 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# The linear layers of a decoder block (Qwen2, Llama, Mistral names) that vLLM 0.32 serves LoRA adapters on.
+# Adapters on the embedding or the output layer are refused: vLLM no longer serves lm_head LoRA, and the policy
+# would then differ between learner and sampler.
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# vLLM's max_lora_rank takes one of these sizes; the sampler asks for the smallest one >= model.lora.rank.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class LoraConfig(_Section):
+    """LoRA (peft): the learner trains only low-rank adapters on the base model's linear layers, the samplers serve
+    base + adapter (vLLM's LoRA), and each sync ships only the adapter. Absent: full fine-tuning."""
+
+    rank: int = Field(default=8, ge=1, le=VLLM_LORA_RANKS[-1], description="r, the adapters' rank (vLLM serves "
+                                                                           f"up to {VLLM_LORA_RANKS[-1]})")
+    alpha: float = Field(default=16.0, gt=0.0, description="scaling: the update is alpha / rank * B @ A")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input in training")
+    target_modules: list[LoraTarget] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, description="the linear layers that get an adapter")
+
+    @model_validator(mode="after")
+    def _unique_targets(self) -> "LoraConfig":
+        if len(set(self.target_modules)) != len(self.target_modules):
+            raise ValueError(f"model.lora.target_modules lists a module twice: {self.target_modules}")
+        return self
+
+    @property
+    def vllm_max_rank(self) -> int:
+        """vLLM's max_lora_rank for this adapter: the smallest size vLLM accepts that holds ``rank``."""
+        return next(r for r in VLLM_LORA_RANKS if r >= self.rank)
+
+
 class ModelConfig(_Section):
     path: str = Field(description="HF-format model folder (weights + tokenizer), loaded by transformers and vLLM")
     dtype: Literal["float32", "bfloat16"] = "float32"
+    lora: LoraConfig | None = Field(
+        default=None, description="train LoRA adapters instead of all weights (peft); None: full fine-tuning")
 
 
 class DataConfig(_Section):
@@ -168,7 +202,9 @@ class RoleResources(_Section):
 class ClusterConfig(_Section):
     placement: Literal["colocate", "split", "external"] = Field(
         default="colocate", description="colocate: each actor holds a sampler and a learner rank, weights move "
-                                        "in-process; split: sampler actors and learner actors apart")
+                                        "in-process; split: sampler actors and learner actors apart; external: "
+                                        "samplers are OpenAI-compatible vLLM servers (cluster.servers), each driven "
+                                        "by a light actor (cluster.sampler_resources)")
     samplers: int = Field(default=1, ge=1, description="vLLM engines, one Ray actor each (colocate: defaults to "
                                                        "cluster.learners)")
     learners: int = Field(default=1, ge=1, description="DeepSpeed data-parallel ranks, one Ray actor each")
@@ -179,14 +215,28 @@ class ClusterConfig(_Section):
     max_actor_restarts: int = Field(
         default=3, ge=0, description="times the flow recreates a dead engine actor from the latest checkpoint "
                                      "before it gives up")
+    servers: list[str] = Field(
+        default_factory=list, description="placement=external: base URLs of OpenAI-compatible vLLM servers started "
+                                          "with `grpo serve` (e.g. http://127.0.0.1:8000), one sampler each")
+    server_timeout_s: float = Field(
+        default=120.0, gt=0.0, description="placement=external: seconds one HTTP request to a server may take "
+                                           "before it is retried")
+    server_retries: int = Field(
+        default=2, ge=0, description="placement=external: retries of a request that timed out or could not "
+                                     "connect; then the server counts as down and its share goes to the others")
 
     @model_validator(mode="before")
     @classmethod
-    def _colocated_samplers_follow_learners(cls, data: Any) -> Any:
-        """Colocated actors hold one sampler and one learner rank each: `cluster.learners=2` alone means two."""
-        if isinstance(data, dict) and data.get("placement", "colocate") == "colocate" and "samplers" not in data \
-                and "learners" in data:
+    def _samplers_follow_placement(cls, data: Any) -> Any:
+        """Colocated actors hold one sampler and one learner rank each: `cluster.learners=2` alone means two.
+        External samplers are the listed servers."""
+        if not isinstance(data, dict):
+            return data
+        placement = data.get("placement", "colocate")
+        if placement == "colocate" and "samplers" not in data and "learners" in data:
             data = {**data, "samplers": data["learners"]}
+        if placement == "external" and "samplers" not in data and data.get("servers"):
+            data = {**data, "samplers": len(data["servers"])}
         return data
 
 
@@ -195,11 +245,15 @@ class WeightsConfig(_Section):
         default="auto", description="how new weights reach the samplers: inprocess (colocate), broadcast (split: "
                                     "learner rank 0 -> every sampler worker, gloo on CPU / NCCL on GPU), files "
                                     "(weights/v-N/ in the run store), cuda_ipc (same GPU, other process); auto: "
-                                    "inprocess for colocate, broadcast for split")
+                                    "inprocess for colocate, broadcast for split, files for external")
     bucket_mb: int = Field(default=64, ge=1, description="broadcast: tensors travel packed in buckets of this size")
     check_samples: int = Field(
         default=4, ge=0, description="after each sync, compare sampler and learner logprobs on this many rollout "
                                      "sequences of every sampler (metric sync_logprob_max_diff); 0: off")
+    check_every: int = Field(
+        default=1, ge=1, description="run that check after every n-th iteration's sync (and the last); the "
+                                     "version check before every rollout is never skipped")
+
 
 class StorageConfig(_Section):
     root: str = Field(default="runs", description="local folder or s3://bucket/prefix")
@@ -270,6 +324,10 @@ class GRPOConfig(_Section):
         """The weight transport, ``auto`` resolved: inprocess for colocate, broadcast for split."""
         if self.weights.transport != "auto":
             return self.weights.transport
+        if self.model.lora is not None and self.cluster.placement == "split":
+            return "files"  # LoRA: the adapter is a few MiB of files; vLLM's broadcast engines send full weights
+        if self.cluster.placement == "external":
+            return "files"  # reaches a server on any host that can read the run store
         return "inprocess" if self.cluster.placement == "colocate" else "broadcast"
 
     @property
@@ -319,18 +377,45 @@ class GRPOConfig(_Section):
             raise ValueError("algo.filter_groups (dynamic sampling) filters groups on their accuracy: "
                              "reward.rewards must include 'accuracy'")
         self._check_placement()
+        self._check_lora()
         if self.rollout.max_staleness > 0 and "tis_cap" not in self.algo.model_fields_set:
             self.algo.tis_cap = DEFAULT_ASYNC_TIS_CAP  # stale samplers: correct toward the learner by default
         return self
 
+    def _check_lora(self) -> None:
+        """LoRA ships adapters, never full weights: transports that stream full state dicts into vLLM's weights
+        (broadcast, cuda_ipc) cannot carry them, and ZeRO-3 would partition the frozen base (unsupported here)."""
+        if self.model.lora is None:
+            return
+        if self.transport in ("broadcast", "cuda_ipc"):
+            raise ValueError(f"model.lora is set: each sync ships only the adapter, which weights.transport="
+                             f"{self.transport} cannot carry (it streams full weights into vLLM); use files "
+                             "(placement=split; auto picks it) or inprocess (placement=colocate)")
+        if self.train.zero_stage == 3:
+            raise ValueError("model.lora is not supported with train.zero_stage=3: the adapter and its optimizer "
+                             "state are small, use train.zero_stage 0-2 (the frozen base is not partitioned)")
+
     def _check_placement(self) -> None:
         c, transport = self.cluster, self.weights.transport
-        if self.rollout.max_staleness > 0 and c.placement != "split":
+        if self.rollout.max_staleness > 0 and c.placement == "colocate":
             raise ValueError(f"rollout.max_staleness={self.rollout.max_staleness} samples while the learner trains: "
-                             f"it needs cluster.placement=split (a colocated actor does one at a time)")
+                             f"it needs cluster.placement=split or external (a colocated actor does one at a time)")
         if c.placement == "external":
-            raise ValueError("cluster.placement='external' (OpenAI-compatible servers) is not implemented yet; use "
-                             "'colocate' or 'split'")
+            if not c.servers:
+                raise ValueError("cluster.placement=external samples on OpenAI-compatible servers: list their URLs in "
+                                 "cluster.servers (start one with `grpo serve --model DIR`)")
+            if c.samplers != len(c.servers):
+                raise ValueError(f"cluster.placement=external has one sampler per server: cluster.samplers "
+                                 f"({c.samplers}) must equal the number of cluster.servers ({len(c.servers)})")
+            bad = [u for u in c.servers if not u.startswith(("http://", "https://"))]
+            if bad:
+                raise ValueError(f"cluster.servers must be http(s) base URLs, got {bad}")
+            if self.transport not in ("files", "broadcast"):
+                raise ValueError(f"weights.transport={self.transport} cannot reach a server process: use files "
+                                 "(the server reads weights/v-N/ from the run store) or broadcast (gloo)")
+        elif c.servers:
+            raise ValueError(f"cluster.servers is set but cluster.placement={c.placement}: servers are used only "
+                             "with placement=external")
         if c.placement == "colocate" and c.samplers != c.learners:
             raise ValueError(
                 f"cluster.placement=colocate puts one sampler and one learner rank in each actor: cluster.samplers "
@@ -338,9 +423,11 @@ class GRPOConfig(_Section):
         if transport == "inprocess" and c.placement != "colocate":
             raise ValueError(f"weights.transport=inprocess needs sampler and learner in one actor "
                              f"(cluster.placement=colocate), not placement={c.placement}; use broadcast or files")
-        if transport in ("broadcast", "cuda_ipc") and c.placement != "split":
+        if (transport == "cuda_ipc" and c.placement != "split") or (transport == "broadcast"
+                                                                     and c.placement == "colocate"):
             raise ValueError(f"weights.transport={transport} moves weights between separate actors: it needs "
-                             f"cluster.placement=split (colocated actors use inprocess)")
+                             f"cluster.placement=split{' or external' if transport == 'broadcast' else ''} "
+                             "(colocated actors use inprocess)")
         tp = self.rollout.tensor_parallel_size
         gpus = (c.sampler_resources if c.placement == "split" else c.learner_resources).num_gpus
         if tp > 1 and gpus < tp:
@@ -357,8 +444,9 @@ class GRPOConfig(_Section):
 # Fields a resumed run may change: they decide how long the run goes on and how it is operated, never what an
 # iteration computes. Raising `iterations` extends a run (the lr schedule then spans the new total from where it is).
 RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "cluster.ray_address", "cluster.sampler_resources",
-                      "cluster.learner_resources", "cluster.max_actor_restarts", "reward.num_workers",
-                      "weights.check_samples")
+                      "cluster.learner_resources", "cluster.max_actor_restarts", "cluster.servers",
+                      "cluster.server_timeout_s", "cluster.server_retries", "reward.num_workers",
+                      "weights.check_samples", "weights.check_every")
 
 
 # Yao et al.'s truncation of pi_old / pi_sampler, on by default in async RL (rollout.max_staleness > 0).
@@ -450,3 +538,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         tree = merge_trees(tree, parse_overrides(overrides))
         source += " with --set " + " ".join(overrides)
     return build_config(tree, source)
+
+
+def check_model_folder(cfg: GRPOConfig) -> None:
+    """Before any engine starts: ``model.path`` must be an HF model folder (transformers would otherwise fail deep
+    inside with a message about a hub "repo id", since nothing is ever downloaded here)."""
+    path = Path(cfg.model.path)
+    if not (path / "config.json").is_file():
+        why = "does not exist" if not path.exists() else "has no config.json"
+        raise ConfigError(f"model.path={cfg.model.path!r} is not an HF model folder ({why}); build the demo policy "
+                          "with `grpo model tiny --out DIR` or give a folder saved by transformers' save_pretrained")
+
+
+def upgrade_stored_config(stored: dict[str, Any]) -> dict[str, Any]:
+    """A run's config.json as the current schema reads it: fields added since it was written take their defaults
+    (so a newer version of the code resumes an older run instead of calling each new field a change). A stored
+    config the current schema refuses is returned as it is, and the comparison names what differs."""
+    try:
+        return build_config(stored, "config.json").model_dump(mode="json")
+    except ConfigError:
+        return stored

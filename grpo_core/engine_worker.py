@@ -27,6 +27,7 @@ from grpo_core.storage import RunStore
 from grpo_core.train.batch import pack_batch
 from grpo_core.train.learner import Learner, LearnerSpec
 from grpo_core.weights.inprocess import push_in_process
+from grpo_core.weights.lora import ADAPTER_FILES, is_adapter_dir, push_adapter_in_process
 from grpo_core.weights.transfer import (backend_for, largest_tensor_bytes, learner_source, trainer_engine,
                                         trainer_init_info)
 
@@ -84,6 +85,8 @@ def init_learner_group(master_addr: str, master_port: int, rank: int, world_size
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
                        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)})
+    if world_size == 1 and dist.is_initialized() and dist.get_world_size() == 1:
+        return  # a world of one already exists in this process (engines built in-process before, tests): reuse it
     if store is None:
         store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0,
                               timeout=timedelta(seconds=_RENDEZVOUS_TIMEOUT_S))
@@ -129,14 +132,22 @@ class EngineWorker:
                 raise ValueError("a learner rank needs the rendezvous address of rank 0")
             init_learner_group(master_addr, master_port, self.learner_rank, cfg.cluster.learners,
                                store=self._rendezvous if self.learner_rank == 0 else None)
-        if self.sampler_id is not None:
+        if self.sampler_id is not None and cfg.cluster.placement == "external":
+            from grpo_core.rollout.server import ServerSampler
+
+            self.sampler = ServerSampler(cfg.cluster.servers[self.sampler_id], tag=cfg.run_name,
+                                         timeout_s=cfg.cluster.server_timeout_s, retries=cfg.cluster.server_retries)
+            if cfg.model.lora is not None:  # adapters go on model.path's weights, whatever the server held before
+                self.sampler.restore_base(os.path.abspath(cfg.model.path))
+        elif self.sampler_id is not None:
             self.sampler = VLLMSampler(SamplerSpec(
                 model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed, kv_cache_mb=cfg.rollout.kv_cache_mb,
                 max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
                 enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                 tensor_parallel_size=cfg.rollout.tensor_parallel_size,
                 weight_transfer_backend=backend_for(cfg.transport) if cfg.transport in ("broadcast", "cuda_ipc")
-                else None))
+                else None,
+                max_lora_rank=cfg.model.lora.vllm_max_rank if cfg.model.lora is not None else None))
         if self.learner_rank is not None:
             tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
             self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -144,7 +155,7 @@ class EngineWorker:
                 LearnerSpec(model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed,
                             total_steps=cfg.iterations * cfg.optimizer_steps_per_iteration,
                             temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
-                            fused_kernels=cfg.train.fused_kernels),
+                            fused_kernels=cfg.train.fused_kernels, lora=cfg.model.lora),
                 cfg.algo, cfg.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
         self.startup_seconds = time.perf_counter() - started
         return self.info()
@@ -197,23 +208,55 @@ class EngineWorker:
 
     def serve_checkpoint(self, model_dir: str, version: int) -> float:
         """Load HF-format weights from a local folder into the sampler, serving them as ``version`` (a restarted
-        sampler is in this state with its original weights)."""
-        return self.sampler.load_weights_from_dir(model_dir, version)
+        sampler is in this state with its original weights). With LoRA: a peft adapter folder, or the base model's
+        own folder (the adapter is dropped, as in a restarted sampler)."""
+        if self.cfg.model.lora is not None and not is_adapter_dir(model_dir):
+            if os.path.realpath(model_dir) != os.path.realpath(self.cfg.model.path):
+                raise ValueError(f"{model_dir}: a LoRA sampler serves model.path plus adapters; this folder is "
+                                 "neither an adapter (no adapter_config.json) nor the base model")
+            started = time.perf_counter()
+            self.sampler.serve_base(version)
+            return time.perf_counter() - started
+        return self._serve_dir(model_dir, version)
+
+    def _serve_dir(self, folder: str, version: int) -> float:
+        """A local policy folder into the sampler: a peft adapter (``adapter_config.json``: LoRA) or full weights."""
+        if is_adapter_dir(folder):
+            return self.sampler.load_adapter(folder, version)
+        return self.sampler.load_weights_from_dir(folder, version)
 
     def load_published(self, version: int) -> dict[str, float]:
         """Catch up through the files transport: load ``weights/v-N/`` from the run store."""
         started = time.perf_counter()
         rel = published_path(version)
         local = self.store.local_path(rel)
-        if local is not None:
-            self.sampler.load_weights_from_dir(local, version)
+        if self.cfg.cluster.placement == "external":
+            self._server_load(rel, local, version)
+        elif local is not None:
+            self._serve_dir(local, version)
         else:
             with tempfile.TemporaryDirectory(prefix="grpo-weights-") as tmp:
                 for name in self.store.list_files(rel):
-                    if name.endswith(".safetensors"):
+                    if name.endswith(".safetensors") or name in ADAPTER_FILES:
                         self.store.get_file(f"{rel}/{name}", os.path.join(tmp, name))
-                self.sampler.load_weights_from_dir(tmp, version)
+                self._serve_dir(tmp, version)  # a LoRA adapter is read while loading: the copy may go
         return {"seconds": time.perf_counter() - started, "version": float(version)}
+
+    def _server_load(self, rel: str, local: str | None, version: int) -> None:
+        """External placement: the server reads the published version from the run store itself (it may run on
+        another host; the store is the one thing both sides reach)."""
+        if self.cfg.model.lora is not None:
+            if local is None:
+                raise ValueError(f"model.lora with cluster.placement=external: vLLM servers load adapters from a "
+                                 f"path, but the run store is {self.store.url(rel)}; use a storage.root on a "
+                                 "filesystem the servers can read")
+            self.sampler.load_adapter(local, version)
+        else:
+            self.sampler.load_from_store(local or self.store.url(rel), self.cfg.storage.options, version)
+
+    def server_alive(self) -> bool:
+        """External placement: whether this actor's server answers its health check."""
+        return self.sampler.alive()
 
     # vLLM weight-transfer lifecycle, sampler side (the trainer engine on learner rank 0 calls these via a client)
     def wt_init(self, init_info: dict) -> None:
@@ -297,7 +340,10 @@ class EngineWorker:
         return [logp[i, p - 1: len(s) - 1].tolist() for i, (s, p) in enumerate(zip(sequences, prompt_lens))]
 
     def push_inprocess(self) -> dict[str, float]:
-        """Colocated: the learner's tensors straight into this actor's sampler."""
+        """Colocated: the learner's tensors straight into this actor's sampler (with LoRA: only the adapter,
+        through a temporary peft folder)."""
+        if self.cfg.model.lora is not None:
+            return push_adapter_in_process(self.learner, self.sampler)
         return push_in_process(self.learner, self.sampler)
 
     def _joins_gather_only(self) -> bool:
@@ -310,7 +356,8 @@ class EngineWorker:
 
     def publish(self, keep_versions: list[int]) -> dict[str, Any] | None:
         """Files transport (rank 0): write the current weights to ``weights/v-N/`` (safetensors, config; READY
-        last) unless already there, and delete published versions no sampler still needs."""
+        last; with LoRA the peft adapter alone) unless already there, and delete published versions no sampler
+        still needs."""
         if self._joins_gather_only():
             return None
         started = time.perf_counter()
@@ -374,7 +421,8 @@ class EngineWorker:
         return {"seconds": time.perf_counter() - started, "policy_version": self.learner.version}
 
     def save_final(self, folder: str = "final") -> dict[str, Any]:
-        """Rank 0: the trained policy in HF format (weights + tokenizer) under ``<run>/<folder>/``, manifest last."""
+        """Rank 0: the trained policy in HF format (weights + tokenizer; with LoRA the peft adapter + tokenizer, see
+        ``grpo export --merge``) under ``<run>/<folder>/``, manifest last."""
         import json
 
         if self._joins_gather_only():
@@ -405,6 +453,7 @@ class EngineWorker:
               group_offset: int) -> pa.Table:
         """Rollout rows (the typed columns, then each prompt's dataset columns); grouped, in sample order."""
         rows, columns = [], []
+        version = self.sampler.version  # once: a server answers it over HTTP
         for gi, (prompt, samples) in enumerate(zip(prompts, groups)):
             for si, s in enumerate(samples):
                 rows.append({
@@ -412,7 +461,7 @@ class EngineWorker:
                     "sample_idx": si, "prompt_token_ids": prompt["prompt_token_ids"],
                     "response_token_ids": s.token_ids, "sampler_logprobs": s.logprobs, "response_text": s.text,
                     "finish_reason": s.finish_reason, "truncated": s.finish_reason == "length",
-                    "response_length": len(s.token_ids), "policy_version": self.sampler.version,
+                    "response_length": len(s.token_ids), "policy_version": version,
                     "sampler_id": self.sampler_id})
                 columns.append(prompt.get("columns", {}))
         return rollouts_table(rows, columns)

@@ -34,7 +34,7 @@ import shutil
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import fsspec
 import pyarrow as pa
@@ -511,14 +511,19 @@ class RunStore:
         except ValueError as exc:
             raise StorageError(f"{self._url(path)}: not valid JSON: {exc}") from exc
 
-    def check_config(self, config: dict, may_change: Iterable[str] = ()) -> list[str]:
+    def check_config(self, config: dict, may_change: Iterable[str] = (),
+                     upgrade: Callable[[dict], dict] | None = None) -> list[str]:
         """Compare ``config`` with config.json (see ``write_config``) without writing anything: returns the
-        allowed changes as ``["key: old -> new", ...]``, raises ConfigConflict for any other difference."""
+        allowed changes as ``["key: old -> new", ...]``, raises ConfigConflict for any other difference.
+        ``upgrade`` brings the stored config to the current schema first (fields added since it was written, at
+        their defaults), so that a newer version of the code can resume an older run."""
         path = self._path(CONFIG)
         normalized = json.loads(_json_bytes(config, self._url(path)))
         existing = self.read_config()
         if existing is None:
             return []
+        if upgrade is not None:
+            existing = upgrade(existing)
         allowed = tuple(may_change)
 
         def covered(key: str) -> bool:
@@ -536,7 +541,8 @@ class RunStore:
             )
         return [describe(k) for k in differing]
 
-    def write_config(self, config: dict, may_change: Iterable[str] = ()) -> list[str]:
+    def write_config(self, config: dict, may_change: Iterable[str] = (),
+                     upgrade: Callable[[dict], dict] | None = None) -> list[str]:
         """Write config.json. On an existing run the same config is a no-op; differences only in fields listed in
         ``may_change`` (dotted keys; a section name covers the section) are written and returned as
         ``["key: old -> new", ...]``; any other difference raises ConfigConflict naming each field with its
@@ -546,7 +552,7 @@ class RunStore:
         if self.read_config() is None:
             self._write_atomic(path, data)
             return []
-        changes = self.check_config(config, may_change)
+        changes = self.check_config(config, may_change, upgrade)
         if changes:
             self._write_atomic(path, data)
         return changes

@@ -14,7 +14,7 @@ from grpo_core import checkpoint
 from tasks.context import PendingCheckpoint, RunContext
 
 
-@task(name="checkpoint", cache_policy=NONE)
+@task(name="checkpoint", task_run_name="checkpoint-{iteration:06d}", cache_policy=NONE)
 def begin_checkpoint(ctx: RunContext, iteration: int) -> dict[str, Any]:
     """Snapshot the state after ``iteration``; training goes on while it is written."""
     committed = commit_pending(ctx, wait=True)

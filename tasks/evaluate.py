@@ -10,7 +10,7 @@ from grpo_core.pipeline.scoring import score_table, with_rewards
 from tasks.context import RunContext
 
 
-@task(name="evaluate", cache_policy=NONE)
+@task(name="evaluate", task_run_name="evaluate-{iteration:06d}", cache_policy=NONE)
 def evaluate(ctx: RunContext, iteration: int) -> dict[str, Any]:
     ev = ctx.cfg.eval
     table, gen = ctx.engines.generate_eval(iteration, ctx.eval_prompts, ev.greedy, ev.samples_per_prompt)
@@ -19,5 +19,17 @@ def evaluate(ctx: RunContext, iteration: int) -> dict[str, Any]:
     accuracy = metrics.get("reward_accuracy_mean", metrics["reward_mean"])
     ctx.store.put_table(iteration, "eval.parquet", scored,
                         meta={"accuracy": accuracy, "greedy": ev.greedy, "policy_version": gen["policy_version"]})
+    best, worst = _examples(scored)
     return {"accuracy": accuracy, "reward_mean": metrics["reward_mean"], "rows": scored.num_rows,
-            "greedy": ev.greedy, "seconds": gen["seconds"], "policy_version": gen["policy_version"]}
+            "greedy": ev.greedy, "seconds": gen["seconds"], "policy_version": gen["policy_version"],
+            "best": best, "worst": worst}
+
+
+def _examples(scored, count: int = 3) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ``count`` highest- and lowest-reward completions (for the run's eval artifact in the Prefect UI)."""
+    cols = [c for c in ("prompt_text", "response_text", "gt_answer", "reward") if c in scored.column_names]
+    rows = [dict(zip(cols, values)) for values in zip(*(scored.column(c).to_pylist() for c in cols))]
+    rows = [{"prompt": r.get("prompt_text", ""), "response": r.get("response_text", ""),
+             "answer": r.get("gt_answer", ""), "reward": r["reward"]} for r in rows if r.get("reward") is not None]
+    ranked = sorted(rows, key=lambda r: r["reward"], reverse=True)
+    return ranked[:count], ranked[::-1][:count]

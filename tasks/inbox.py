@@ -14,7 +14,7 @@ from tasks.context import RunContext
 INBOX_FILE = "inbox.parquet"
 
 
-@task(name="take-inbox", cache_policy=NONE)
+@task(name="take-inbox", task_run_name="take-inbox-{iteration:06d}", cache_policy=NONE)
 def take_inbox(ctx: RunContext, iteration: int) -> dict[str, Any]:
     cfg, store = ctx.cfg, ctx.store
     done = store.entry(iteration, INBOX_FILE)

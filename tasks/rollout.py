@@ -16,7 +16,7 @@ from tasks.context import RunContext
 from tasks.inbox import inbox_groups
 
 
-@task(name="rollout", cache_policy=NONE)
+@task(name="rollout", task_run_name="rollout-{iteration:06d}-r{round_}", cache_policy=NONE)
 def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> dict[str, Any]:
     cfg = ctx.cfg
     name = "rollouts.parquet" if not cfg.algo.filter_groups else f"rollouts-r{round_}.parquet"

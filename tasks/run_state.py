@@ -12,7 +12,7 @@ from prefect.cache_policies import NONE
 
 from grpo_core import checkpoint
 from grpo_core.checkpoint import CheckpointRef
-from grpo_core.config import RESUME_SAFE_FIELDS, ConfigError, GRPOConfig
+from grpo_core.config import RESUME_SAFE_FIELDS, ConfigError, GRPOConfig, upgrade_stored_config
 from grpo_core.runs import FINAL_MANIFEST, RunStatus, read_status
 from grpo_core.storage import RunStore
 from tasks.context import RunContext
@@ -35,7 +35,8 @@ def prepare_run(cfg: GRPOConfig, store: RunStore) -> RunPlan:
     """Record the config (an existing run refuses changes that alter the result), find the checkpoint to resume
     from, drop metrics rows of iterations that will be redone, and mark the run as running."""
     existed = store.read_config() is not None
-    changes = store.write_config(cfg.model_dump(mode="json"), may_change=RESUME_SAFE_FIELDS)
+    changes = store.write_config(cfg.model_dump(mode="json"), may_change=RESUME_SAFE_FIELDS,
+                                 upgrade=upgrade_stored_config)
     previous = read_status(store)
     ref = checkpoint.latest(store) if existed else None
     if ref is not None and ref.next_iteration > cfg.iterations:
@@ -66,7 +67,13 @@ def latest_checkpoint(store: RunStore, drop_metrics_from_resume: bool = True) ->
     return ref
 
 
-@task(name="record", cache_policy=NONE)
+def _record_run_name() -> str:
+    from prefect.runtime import task_run
+
+    return f"record-{task_run.parameters['row']['iteration']:06d}"
+
+
+@task(name="record", task_run_name=_record_run_name, cache_policy=NONE)
 def record(store: RunStore, status: RunStatus, row: dict[str, Any]) -> None:
     """Append an iteration's metrics row (replacing one for the same iteration) and the heartbeat."""
     store.append_metrics(row)

@@ -25,7 +25,7 @@ def scored_name(rollout_name: str) -> str:
     return rollout_name.replace("rollouts", "scored", 1)
 
 
-@task(name="score", cache_policy=NONE)
+@task(name="score", task_run_name="score-{iteration:06d}", cache_policy=NONE)
 def score(ctx: RunContext, iteration: int, rollout_name: str) -> dict[str, Any]:
     """rollouts*.parquet -> scored*.parquet (reused when complete for the same rollout file).
 
@@ -62,7 +62,7 @@ def _success_lists(scored: pa.Table, ctx: RunContext) -> list[list[float]]:
     return group_success(scored, ctx.cfg.rollout.samples_per_prompt).tolist()
 
 
-@task(name="assemble-batch", cache_policy=NONE)
+@task(name="assemble-batch", task_run_name="assemble-batch-{iteration:06d}", cache_policy=NONE)
 def assemble(ctx: RunContext, iteration: int, scored_names: list[str]) -> dict[str, Any]:
     cfg = ctx.cfg
     tables = [ctx.store.get_table(iteration, n) for n in scored_names]

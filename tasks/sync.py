@@ -10,10 +10,19 @@ from prefect.cache_policies import NONE
 from tasks.context import RunContext
 
 
-@task(name="sync", cache_policy=NONE)
-def sync(ctx: RunContext, check: tuple[int, str] | None = None) -> dict[str, Any]:
-    """Push weights; with ``check=(iteration, rollout file)`` also measure, on some of that file's sequences of
-    every sampler, that each sampler's logprobs now match the learner's."""
+def _sync_run_name() -> str:
+    """The task run's name in the UI: ``sync-000042`` after iteration 42's training, plain ``sync`` otherwise."""
+    from prefect.runtime import task_run
+
+    iteration = task_run.parameters.get("iteration")
+    return "sync" if iteration is None else f"sync-{iteration:06d}"
+
+
+@task(name="sync", task_run_name=_sync_run_name, cache_policy=NONE)
+def sync(ctx: RunContext, check: tuple[int, str] | None = None, iteration: int | None = None) -> dict[str, Any]:
+    """Push weights (after ``iteration``'s training, if given); with ``check=(iteration, rollout file)`` also
+    measure, on some of that file's sequences of every sampler, that each sampler's logprobs now match the
+    learner's."""
     out = ctx.engines.sync()
     rows = ctx.cfg.weights.check_samples
     if check is not None and rows > 0:
@@ -25,8 +34,8 @@ def sync(ctx: RunContext, check: tuple[int, str] | None = None) -> dict[str, Any
 
 def check_rows(ctx: RunContext, iteration: int, name: str, per_sampler: int
                ) -> dict[int, tuple[list[list[int]], list[int]]]:
-    """For every sampler, ``per_sampler`` sequences of a rollout file as (sequences, prompt lengths): the ones it
-    produced itself, or, for a sampler that drew none there (it replaced a dead one), another sampler's."""
+    """For every live sampler, ``per_sampler`` sequences of a rollout file as (sequences, prompt lengths): the ones
+    it produced itself, or, for a sampler that drew none there (it replaced a dead one), another sampler's."""
     table = ctx.store.get_table(iteration, name).select(["sampler_id", "prompt_token_ids", "response_token_ids"])
     drawn: dict[int, tuple[list[list[int]], list[int]]] = {}
     for sid, prompt, response in zip(*(table.column(c).to_pylist() for c in table.column_names)):
@@ -35,7 +44,7 @@ def check_rows(ctx: RunContext, iteration: int, name: str, per_sampler: int
             seqs.append(prompt + response)
             lens.append(len(prompt))
     fallback = drawn[min(drawn)]
-    return {sid: drawn.get(sid, fallback) for sid in range(len(ctx.engines.samplers))}
+    return {sid: drawn.get(sid, fallback) for sid in ctx.engines.live_sampler_ids()}
 
 
 def ensure_synced(ctx: RunContext, expected_learner_version: int) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ from prefect.cache_policies import NONE
 from tasks.context import RunContext
 
 
-@task(name="train", cache_policy=NONE)
+@task(name="train", task_run_name="train-{iteration:06d}", cache_policy=NONE)
 def train(ctx: RunContext, iteration: int) -> dict[str, Any]:
     """Returns the metrics plus ``started_at`` / ``ended_at`` (``ctx.clock()``): in async RL this runs in a thread
     beside the next rollout, and the flow's timeline needs when it really ran."""

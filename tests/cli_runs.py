@@ -29,7 +29,7 @@ def start_cli(config: dict, tmp: Path, log_name: str) -> tuple[subprocess.Popen,
     path = tmp / f"{log_name}.yaml"
     path.write_text(yaml.safe_dump(config))
     log = tmp / f"{log_name}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "train", "--config", str(path)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.main", "train", "--config", str(path)], cwd=REPO,
                             env=api_env(), stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     return proc, log
 

@@ -1,10 +1,12 @@
 """The typed config: bounds, cross-field rules, overrides and presets, with messages that name the field."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
-from grpo_core.cli import main as cli_main
+from grpo_cli.main import main as cli_main
 from grpo_core.config import ConfigError, build_config, load_config, parse_overrides
 
 BASE = {"model": {"path": "m"}, "data": {"train_path": "t.jsonl"}}
@@ -68,12 +70,24 @@ def test_micro_batch_must_divide_the_mini_batch():
     ({"placement": "split", "learners": 2}, {}, {"micro_batch_size": 5},
      r"train.micro_batch_size=5 must divide each learner rank's share .* = 16\)"),
     ({"placement": "split"}, {"transport": "cuda_ipc"}, {}, "cuda_ipc .*num_gpus"),
-    ({"placement": "external"}, {}, {}, "external.* not implemented"),
+    ({"placement": "external"}, {}, {}, "placement=external .*list their URLs in cluster.servers"),
+    ({"placement": "external", "servers": ["http://127.0.0.1:1"], "samplers": 2}, {}, {},
+     r"cluster.samplers \(2\) must equal the number of cluster.servers \(1\)"),
+    ({"placement": "external", "servers": ["127.0.0.1:8000"]}, {}, {}, "cluster.servers must be http"),
+    ({"placement": "external", "servers": ["http://127.0.0.1:1"]}, {"transport": "inprocess"}, {},
+     "weights.transport=inprocess cannot reach a server"),
+    ({"placement": "split", "servers": ["http://127.0.0.1:1"]}, {}, {}, "servers are used only with placement=external"),
 ])
 def test_placement_constraints_name_the_fields(cluster, weights, train, message):
     with pytest.raises(ConfigError, match=message):
         build_config(_tree(rollout={"prompts_per_iteration": 4, "samples_per_prompt": 8}, cluster=cluster,
                            weights=weights, train=train))
+
+
+def test_external_placement_takes_one_sampler_per_server_and_files_by_default():
+    cfg = build_config(_tree(rollout={"prompts_per_iteration": 4, "samples_per_prompt": 8},
+                             cluster={"placement": "external", "servers": ["http://127.0.0.1:1", "http://h:2"]}))
+    assert cfg.cluster.samplers == 2 and cfg.transport == "files"
 
 
 def test_tensor_parallel_needs_gpus_and_auto_transport_follows_placement():
@@ -165,3 +179,31 @@ def test_derived_batch_arithmetic_and_checkpoint_cadence():
     assert cfg.storage.retry_delays == [1.0, 2.0, 4.0, 8.0, 16.0]
     off = build_config(_tree(checkpoint={"interval": 0}))
     assert not any(off.is_checkpoint_iteration(it) for it in range(off.iterations))
+
+
+def test_a_model_path_that_is_not_an_hf_folder_is_refused_naming_the_field(tmp_path, tiny_model):
+    from grpo_core.config import check_model_folder
+
+    for path, why in ((tmp_path / "missing", "does not exist"), (tmp_path, "has no config.json")):
+        with pytest.raises(ConfigError, match=rf"model.path=.* is not an HF model folder \({why}\)"):
+            check_model_folder(build_config(_tree(model={"path": str(path)})))
+    check_model_folder(build_config(_tree(model={"path": tiny_model})))
+
+
+def test_a_run_written_before_new_fields_existed_resumes_with_their_defaults(tmp_path):
+    """config.json of an older version lacks fields added since: with ``upgrade_stored_config`` they take their
+    defaults and the resume goes on; a real change is still refused."""
+    from grpo_core.config import RESUME_SAFE_FIELDS, upgrade_stored_config
+    from grpo_core.storage import ConfigConflict, RunStore
+
+    cfg = build_config(_tree()).model_dump(mode="json")
+    old = json.loads(json.dumps(cfg))
+    del old["model"]["lora"], old["weights"]["check_every"], old["cluster"]["servers"]
+    store = RunStore(str(tmp_path), "old-run")
+    store.put_bytes("config.json", json.dumps(old).encode())
+    with pytest.raises(ConfigConflict, match="model.lora"):
+        store.check_config(cfg, may_change=RESUME_SAFE_FIELDS)
+    assert store.check_config(cfg, may_change=RESUME_SAFE_FIELDS, upgrade=upgrade_stored_config) == []
+    changed = build_config({**_tree(), "seed": 3}).model_dump(mode="json")
+    with pytest.raises(ConfigConflict, match="seed"):
+        store.check_config(changed, may_change=RESUME_SAFE_FIELDS, upgrade=upgrade_stored_config)

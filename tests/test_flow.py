@@ -16,6 +16,7 @@ from tests.conftest import tiny_config
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 PROMPTS, G = 8, 8
+RUN = "flow-test"  # unique in the test session's Prefect API (the UI test finds its flow run by this name)
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +24,10 @@ def two_iteration_run(tiny_model, tmp_path_factory, prefect_harness):
     from flows.grpo_train import grpo_train
 
     root = tmp_path_factory.mktemp("runs")
-    cfg = tiny_config(tiny_model, str(root), rollout__prompts_per_iteration=PROMPTS, rollout__samples_per_prompt=G)
+    cfg = tiny_config(tiny_model, str(root), rollout__prompts_per_iteration=PROMPTS, rollout__samples_per_prompt=G,
+                      run_name=RUN)
     result = grpo_train(config=cfg)
-    return result, RunStore(str(root), "test"), Path(root) / "test"
+    return result, RunStore(str(root), RUN), Path(root) / RUN
 
 
 def test_metrics_have_one_row_per_iteration_and_a_final_eval(two_iteration_run):
@@ -85,3 +87,44 @@ def test_stage_outputs_are_parquet_with_the_documented_schema(two_iteration_run)
         assert train["policy_version"] == it + 1 and train["tokens"] > 0
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((run_dir / "config.json").read_text())["iterations"] == 2
+
+
+def test_the_prefect_ui_names_the_run_and_shows_its_artifacts(two_iteration_run):
+    """Read back through the Prefect API: the flow run carries the run's name, task runs carry the iteration, and
+    the run's artifacts hold progress (100%), one metrics row per iteration, the last evaluation with examples, and
+    the summary with the final policy's location."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterKey, FlowRunFilter,
+                                                FlowRunFilterName, TaskRunFilter, TaskRunFilterName)
+
+    result, store, _ = two_iteration_run
+    rows = store.read_metrics().to_pylist()
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[RUN])))
+        assert len(runs) == 1 and runs[0].state.is_completed()
+        assert {"preset:grpo", "placement:colocate"} <= set(runs[0].tags)
+        assert any(t.startswith("model:") for t in runs[0].tags)
+        names = {t.name for t in client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [runs[0].id]}),
+                                                       limit=200)}
+        for name in ("rollout-000000-r0", "score-000001", "train-000001", "sync-000001", "evaluate-000002",
+                     "record-000002"):
+            assert name in names, sorted(names)
+
+        def latest(key: str):
+            found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                                          limit=50)
+            assert found, key
+            assert all(a.flow_run_id == runs[0].id for a in found)
+            return max(found, key=lambda a: a.created)
+
+        progress = latest(f"{RUN}-progress")
+        assert progress.type == "progress" and float(progress.data) == 100.0
+        table = latest(f"{RUN}-metrics")
+        data = json.loads(table.data) if isinstance(table.data, str) else table.data
+        assert [r["iteration"] for r in data] == [0, 1]
+        assert [r["reward_mean"] for r in data] == pytest.approx([r["reward_mean"] for r in rows[:2]], abs=1e-4)
+        evaluation = latest(f"{RUN}-eval").data
+        assert f"accuracy {rows[2]['eval_accuracy']:.3f}" in evaluation and "### Worst" in evaluation
+        summary = latest(f"{RUN}-summary").data
+        assert result["final_folder"] in summary
+    assert sorted(n for n in names if n.startswith("train-")) == ["train-000000", "train-000001"]

@@ -128,7 +128,7 @@ def test_a_changed_config_is_refused_naming_the_fields(reference, tiny_model, tm
     cfg = _config(tiny_model, reference, "ref", train__lr=5e-4, rollout__temperature=0.7)
     path = tmp_path / "changed.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    out = subprocess.run([sys.executable, "-m", "grpo_core.cli", "train", "--config", str(path)], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "grpo_cli.main", "train", "--config", str(path)], cwd=REPO,
                          env=api_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "rollout.temperature: 1.0 -> 0.7" in out.stderr and "train.lr: 0.001 -> 0.0005" in out.stderr, out.stderr

@@ -6,44 +6,20 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 
-import psutil
 import pyarrow.parquet as pq
 import pytest
 
 from grpo_core.storage import RunStore
 from tests.conftest import tiny_config
+from tests.watchers import during_rollout
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def _kill_a_sampler_mid_rollout(store: RunStore, after_iteration: int, stop: threading.Event) -> list[int]:
-    """Once ``after_iteration`` is recorded, SIGKILL the first sampler actor seen inside ``sample`` (Ray titles a
-    busy actor process ``ray::EngineWorker.sample``)."""
-    killed: list[int] = []
-
-    def watch() -> None:
-        while not stop.is_set():
-            try:
-                if after_iteration in store.read_metrics().column("iteration").to_pylist():
-                    break
-            except OSError:
-                pass
-            time.sleep(0.02)
-        while not stop.is_set() and not killed:
-            for p in psutil.Process().children(recursive=True):
-                try:
-                    if "EngineWorker.sample" in " ".join(p.cmdline()):
-                        p.send_signal(signal.SIGKILL)
-                        killed.append(p.pid)
-                        return
-                except psutil.NoSuchProcess:
-                    pass
-            time.sleep(0.002)
-
-    threading.Thread(target=watch, daemon=True).start()
-    return killed
+    """Once ``after_iteration`` is recorded, SIGKILL the first sampler actor seen inside a rollout."""
+    return during_rollout(store, after_iteration, stop, lambda p: p.send_signal(signal.SIGKILL))
 
 
 @pytest.mark.parametrize("transport", ["broadcast", "files"])

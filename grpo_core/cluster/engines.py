@@ -9,6 +9,11 @@ turns actor deaths into errors the flow can act on:
   by a new actor that catches up through the files transport: the iteration is not lost;
 * any other death raises ``EngineLost`` naming the actor, its pid and node; the flow then recreates every actor
   and restores the latest checkpoint (a learner rank cannot rejoin a running process group).
+
+External placement: each sampler actor drives one `grpo serve` server over HTTP. A server that stops answering
+(``ServerUnavailable`` after its retries) has its share of the rollout sent to the live servers and is reported; it
+is left out of every stage until a later sync finds it answering again, when it catches up to the current weights
+and rejoins.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from grpo_core.cluster.ray_cluster import (
 )
 from grpo_core.cluster.weight_client import SamplerWeightClient
 from grpo_core.config import GRPOConfig
+from grpo_core.rollout.server import ServerUnavailable
 
 
 class EngineLost(RuntimeError):
@@ -70,6 +76,7 @@ class Engines:
     def __init__(self, cfg: GRPOConfig):
         self.cfg = cfg
         self.colocated = cfg.cluster.placement == "colocate"
+        self.external = cfg.cluster.placement == "external"
         self.transport = cfg.transport
         self.samplers: list = []
         self.learners: list = []
@@ -79,7 +86,9 @@ class Engines:
         self._checkpoint_results: list | None = None
         self.info: dict[str, Any] = {}
         self.replaced_samplers = 0
-        self._dead: set[int] = set()  # samplers that died in a rollout, replaced at the next sync
+        self._dead: set[int] = set()  # split: died in a rollout, replaced at the next sync; external: server down
+        self.servers_down = 0  # external: times a server stopped answering
+        self._transfer_members_changed = False
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> dict[str, Any]:
@@ -121,12 +130,13 @@ class Engines:
 
     def _init_transfer(self) -> None:
         """broadcast / cuda_ipc: every learner rank builds vLLM's trainer-side engine; rank 0 rendezvouses with
-        every sampler worker (a new group each time the set of samplers changes)."""
+        every live sampler worker (a new group each time the set of samplers changes)."""
         if self.transport not in ("broadcast", "cuda_ipc"):
             return
+        self._transfer_members_changed = False
         host = node_ip(self.learners[0])
         port = self._get([self.learners[0].free_port.remote(host)], [self.learners[0]], "free_port")[0]
-        client = SamplerWeightClient(self.samplers, workers_per_sampler=self.cfg.rollout.tensor_parallel_size)
+        client = SamplerWeightClient(self.live_samplers(), workers_per_sampler=self.cfg.rollout.tensor_parallel_size)
         self._on_learners("wt_trainer_init", client, host, port)
 
     def _role(self, actor) -> str:
@@ -154,6 +164,12 @@ class Engines:
         self._dead.clear()
 
     def close(self) -> None:
+        if self.external and self.transport == "broadcast" and self.samplers:
+            # the servers outlive the run: they leave its transfer group (the next run forms its own)
+            try:
+                self._on_samplers("wt_shutdown")
+            except (EngineLost, RayActorError) as exc:
+                print(f"could not release the servers' weight-transfer group: {exc}")
         if self._groups or self.samplers:
             self._teardown()
         stop_ray()
@@ -191,13 +207,41 @@ class Engines:
         ranks = None if self.cfg.train.zero_stage == 3 else [0]
         return self._on_learners(method, *args, ranks=ranks)[0]
 
+    def live_sampler_ids(self) -> list[int]:
+        return [i for i in range(len(self.samplers)) if i not in self._dead]
+
+    def live_samplers(self) -> list:
+        return [self.samplers[i] for i in self.live_sampler_ids()]
+
     def _on_samplers(self, method: str, *args) -> list:
-        return self._get([getattr(a, method).remote(*args) for a in self.samplers], self.samplers, method)
+        """A call on every live sampler. External: a server that does not answer is marked down and left out (the
+        results are those of the servers that answered); it is an error only when none is left."""
+        ids = self.live_sampler_ids()
+        actors = [self.samplers[i] for i in ids]
+        refs = [getattr(a, method).remote(*args) for a in actors]
+        if not self.external:
+            return self._get(refs, actors, method)
+        results = []
+        for sid, ref in zip(ids, refs):
+            try:
+                results.append(ray.get(ref))
+            except ServerUnavailable as exc:
+                self._server_down(sid, exc, method)
+        if not self.live_sampler_ids():
+            raise EngineLost(f"every server of cluster.servers stopped answering (last during {method})")
+        return results
+
+    def _server_down(self, sid: int, exc: BaseException, during: str) -> None:
+        self._dead.add(sid)
+        self.servers_down += 1
+        self._transfer_members_changed = True  # broadcast: a group with a silent member would hang
+        print(f"server {self.cfg.cluster.servers[sid]} (sampler {sid}) stopped answering during {during}: "
+              f"{str(exc).strip().splitlines()[-1]}; it is left out until it answers again")
 
     # ----------------------------------------------------------------------------------------------- status
     def versions(self) -> tuple[list[int], int]:
         """(every sampler's policy version, the learner's)."""
-        sampler = [v["sampler"] for v in self._on_samplers("versions")]
+        sampler = [v["sampler"] for v in self._on_samplers("versions")]  # live ones
         learner = self._on_learners("versions", ranks=[0])[0]["learner"]
         return sampler, learner
 
@@ -207,7 +251,7 @@ class Engines:
         order. In split placement a sampler that dies has its shard redone by a live one; it is replaced at the
         next sync (``replace_dead_samplers``), so that it catches up to the version the learner then publishes:
         in async RL the learner is training while this runs."""
-        live = [i for i in range(len(self.samplers)) if i not in self._dead]
+        live = self.live_sampler_ids()
         bounds = [b for b in shard(len(prompts), len(live)) if b[1] > b[0]]
         pending: dict[Any, tuple[int, int, int]] = {}
         for sid, (lo, hi) in zip(live, bounds):
@@ -221,18 +265,21 @@ class Engines:
             sid, lo, hi = pending.pop(ref)
             try:
                 done[lo] = ray.get(ref)
-            except RayActorError as exc:
+            except (RayActorError, ServerUnavailable) as exc:
                 if self.colocated:
                     raise EngineLost(f"{self._described.get(self.samplers[sid])} died during rollout: "
                                      f"{str(exc).strip().splitlines()[-1]}") from exc
-                self._dead.add(sid)
+                if self.external:
+                    self._server_down(sid, exc, f"the rollout of iteration {iteration}")
+                else:
+                    self._dead.add(sid)
                 lost += 1
-                live = [i for i in range(len(self.samplers)) if i not in self._dead]
+                live = self.live_sampler_ids()
                 if not live:
                     raise EngineLost(f"every sampler died during the rollout of iteration {iteration}") from exc
                 other = live[lo % len(live)]
                 print(f"{self._described.get(self.samplers[sid])} died during rollout; its {hi - lo} prompts go to "
-                      f"sampler {other}; it is replaced at the next sync")
+                      f"sampler {other}" + ("" if self.external else "; it is replaced at the next sync"))
                 pending[self.samplers[other].sample.remote(iteration, prompts[lo:hi], group_offset + lo)] = \
                     (other, lo, hi)
         parts = [done[lo] for lo in sorted(done)]
@@ -242,18 +289,43 @@ class Engines:
         if len(versions) != 1:
             raise RuntimeError(f"samplers served different policy versions {sorted(versions)} in one rollout")
         return table, {"seconds": max(m["seconds"] for m in metas), "policy_version": versions.pop(),
-                       "samplers_used": len({m["sampler_id"] for m in metas}), "samplers_lost": lost}
+                       "samplers_used": len({m["sampler_id"] for m in metas}), "samplers_lost": lost,
+                       "samplers_live": len(self.live_sampler_ids())}
 
     def sampler_versions(self) -> list[int]:
         """The policy version every live sampler serves (asks the samplers only: never waits for a training
         learner)."""
-        live = [self.samplers[i] for i in range(len(self.samplers)) if i not in self._dead]
-        return [v["sampler"] for v in self._get([a.versions.remote() for a in live], live, "versions")]
+        return [v["sampler"] for v in self._on_samplers("versions")]
 
     def replace_dead_samplers(self) -> None:
+        """Split: a new actor for each sampler that died. External: servers that answer again rejoin."""
+        if self.external:
+            self._rejoin_servers()
+            return
         for sid in sorted(self._dead):
+            self._dead.discard(sid)  # live again: the transfer group formed while replacing it must include it
             self._replace_sampler(sid)
-            self._dead.discard(sid)
+
+    def _rejoin_servers(self) -> None:
+        """External: a server that was down and answers its health check again takes the current weights (files;
+        with broadcast the transfer group is formed again with it) and serves from the next rollout on."""
+        back = []
+        for sid in sorted(self._dead):
+            try:
+                if ray.get(self.samplers[sid].server_alive.remote()):
+                    back.append(sid)
+            except RayActorError:
+                continue  # its client actor is gone: the server stays out
+        if not back:
+            return
+        actors = [self.samplers[sid] for sid in back]
+        self._dead.difference_update(back)
+        if self.transport == "files":
+            version = self._publish()
+            self._get([a.load_published.remote(version) for a in actors], actors, "load_published")
+        else:
+            self._reform_transfer(joined=actors)
+        print(f"server(s) {[self.cfg.cluster.servers[s] for s in back]} answer again and rejoin")
 
     def _replace_sampler(self, sid: int) -> None:
         """A new sampler actor in the dead one's place, serving the learner's current weights (files transport)."""
@@ -289,7 +361,7 @@ class Engines:
         ``joined`` were not members of the old one)."""
         if self.transport not in ("broadcast", "cuda_ipc"):
             return
-        members = [s for s in self.samplers if s not in joined] + self.learners
+        members = [s for s in self.live_samplers() if s not in joined] + self.learners
         self._get([a.wt_shutdown.remote() for a in members], members, "wt_shutdown")
         self._init_transfer()
 
@@ -300,6 +372,9 @@ class Engines:
         if self.colocated:
             raise ValueError("cluster.placement=colocate: samplers are the learner ranks' actors; scale them by "
                              "resuming with another cluster.learners")
+        if self.external:
+            raise ValueError("cluster.placement=external: the samplers are the servers of cluster.servers; start or "
+                             "stop `grpo serve` processes and resume with the new list")
         if count < 1:
             raise ValueError(f"a run needs at least one sampler, not {count}")
         self.replace_dead_samplers()
@@ -322,8 +397,9 @@ class Engines:
 
     def generate_eval(self, iteration: int, prompts: list[dict[str, Any]], greedy: bool,
                       samples: int) -> tuple[pa.Table, dict]:
-        bounds = [b for b in shard(len(prompts), len(self.samplers)) if b[1] > b[0]]
-        actors = [self.samplers[i] for i in range(len(bounds))]
+        live = self.live_samplers()
+        bounds = [b for b in shard(len(prompts), len(live)) if b[1] > b[0]]
+        actors = live[:len(bounds)]
         parts = self._get([a.generate_eval.remote(iteration, prompts[lo:hi], greedy, samples, lo)
                            for a, (lo, hi) in zip(actors, bounds)], actors, "generate_eval")
         metas = [m for _, m in parts]
@@ -348,6 +424,8 @@ class Engines:
             self._on_samplers("load_published", version)
             nbytes = None
         else:  # broadcast, cuda_ipc: vLLM's weight-transfer engines, driven from learner rank 0
+            if self._transfer_members_changed:  # external: a server went down; the group goes on without it
+                self._reform_transfer()
             version = int(self._on_learners("wt_send")[0]["version"])
             nbytes = None
         return {"seconds": time.perf_counter() - started, "version": float(version), "transport": self.transport,
@@ -355,8 +433,7 @@ class Engines:
 
     def _publish(self) -> int:
         """Files transport: rank 0 writes the current version (if not there) and drops versions no sampler needs."""
-        serving = [v["sampler"] for v in self._get([s.versions.remote() for s in self.samplers], self.samplers,
-                                                   "versions")]
+        serving = [v["sampler"] for v in self._on_samplers("versions")]
         out = self._on_rank0("publish", [v for v in serving if v is not None])
         return int(out["version"])
 

@@ -41,7 +41,8 @@ def actor_env(threads: int, local: bool) -> dict[str, str]:
 
 
 def _roles(cfg: GRPOConfig) -> list[tuple[str, int, RoleResources]]:
-    """(role, actor count, resources per actor) of the placement."""
+    """(role, actor count, resources per actor) of the placement. External samplers are actors too: each holds
+    the HTTP client of one server, so the stages fan out over servers exactly as over in-process samplers."""
     c = cfg.cluster
     if c.placement == "colocate":
         return [("policy", c.learners, c.learner_resources)]

@@ -3,6 +3,8 @@
 One class wraps one vLLM ``LLM``. It runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni`` executor):
 a tiny model loads in about 2 s instead of 12-18 s, and new weights reach the worker as tensors without a copy
 through a pipe. The sampler knows which policy version it serves; every sample it returns carries that version.
+With LoRA (``SamplerSpec.max_lora_rank``) the weights stay the base model's and each policy version is a peft
+adapter that every request goes through (``load_adapter``).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ class SamplerSpec:
     gpu_memory_utilization: float = 0.5
     tensor_parallel_size: int = 1
     weight_transfer_backend: str | None = None  # a vLLM weight-transfer engine in the workers (broadcast, cuda_ipc)
+    max_lora_rank: int | None = None  # serve base + LoRA adapters up to this rank (vLLM's enable_lora); None: no LoRA
 
 
 class VLLMSampler:
@@ -67,6 +70,9 @@ class VLLMSampler:
 
             register_backends()
             kwargs["weight_transfer_config"] = {"backend": spec.weight_transfer_backend}
+        if spec.max_lora_rank is not None:
+            # Two adapter slots: the new version is added before the old one is removed.
+            kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=2, max_cpu_loras=2)
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = spec.gpu_memory_utilization
         else:
@@ -76,6 +82,10 @@ class VLLMSampler:
         self.load_seconds = time.perf_counter() - started
         self.spec = spec
         self.version = 0
+        # LoRA: the adapter every request goes through (None: the base model, which is also version 0's policy,
+        # since peft initialises B = 0); each load gets a new id, as vLLM caches adapters by id.
+        self._lora = None
+        self._lora_ids = 0
         # With tied embeddings the output layer IS the embedding: vLLM has no separate lm_head weight to load.
         self._tied = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
 
@@ -92,14 +102,16 @@ class VLLMSampler:
                            seed=None if seeds is None else seeds[i], skip_special_tokens=True)
             for i in range(len(prompts))
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False,
+                                    lora_request=self._lora)
         return [[self._sample(c) for c in out.outputs] for out in outputs]
 
     def generate_greedy(self, prompts: list[list[int]], *, max_tokens: int) -> list[Sample]:
         from vllm import SamplingParams, TokensPrompt
 
         params = SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0, logprobs=0, skip_special_tokens=True)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False,
+                                    lora_request=self._lora)
         return [self._sample(out.outputs[0]) for out in outputs]
 
     def score_tokens(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
@@ -107,15 +119,58 @@ class VLLMSampler:
         from vllm import SamplingParams, TokensPrompt
 
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], params, use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], params, use_tqdm=False,
+                                    lora_request=self._lora)
         result = []
         for seq, start, out in zip(sequences, prompt_lens, outputs):
             entries = out.prompt_logprobs  # entry i holds {token_id: Logprob} for seq[i]; entry 0 is None
             result.append([entries[i][seq[i]].logprob for i in range(start, len(seq))])
         return result
 
+    def load_adapter(self, adapter_dir: str, version: int) -> float:
+        """Serve base + the peft adapter in ``adapter_dir`` (``adapter_model.safetensors`` + ``adapter_config.json``)
+        as policy ``version`` from now on. Returns seconds.
+
+        vLLM reads the folder during this call (``add_lora`` loads it into the engine's adapter cache), so the
+        caller may delete it afterwards. Each load gets a new LoRA id: vLLM caches adapters by id, and a reused id
+        would keep serving the old tensors. The previous adapter is removed once the new one is in."""
+        from vllm.lora.request import LoRARequest
+
+        if self.spec.max_lora_rank is None:
+            raise RuntimeError("this sampler was built without LoRA (SamplerSpec.max_lora_rank); it cannot serve "
+                               "an adapter")
+        started = time.perf_counter()
+        self._lora_ids += 1
+        request = LoRARequest(lora_name=f"policy-v{version}-{self._lora_ids}", lora_int_id=self._lora_ids,
+                              lora_path=os.path.abspath(adapter_dir))
+        if not self.llm.llm_engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the LoRA adapter in {adapter_dir}")
+        previous, self._lora = self._lora, request
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+        self.llm.reset_prefix_cache()
+        self.version = version
+        return time.perf_counter() - started
+
+    def serve_base(self, version: int) -> None:
+        """LoRA: drop the adapter and serve the base model alone as ``version`` (what a freshly started sampler
+        serves)."""
+        if self._lora is not None:
+            self.llm.llm_engine.remove_lora(self._lora.lora_int_id)
+            self._lora = None
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+    @property
+    def adapter(self) -> str | None:
+        """The LoRA adapter name being served (None: the base model, or full weights)."""
+        return None if self._lora is None else self._lora.lora_name
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
         """Replace all weights in place (the FULL state dict) and serve them as ``version``. Returns seconds."""
+        if self.spec.max_lora_rank is not None:
+            raise RuntimeError("a LoRA sampler serves the base model plus adapters: new policies arrive as "
+                               "adapters (load_adapter), never as full weights")
         started = time.perf_counter()
         weights = [(n, t) for n, t in named_tensors if not (self._tied and n == "lm_head.weight")]
         self.llm.collective_rpc("grpo_load_weights", args=(weights,))

@@ -23,7 +23,7 @@ from grpo_core.algo import (
     aggregate_loss, entropy_from_logits, kl_penalty, loss_denominator, policy_loss, truncated_is_weights,
 )
 from grpo_core.checkpoint import Snapshot
-from grpo_core.config import AlgoConfig, TrainConfig
+from grpo_core.config import AlgoConfig, LoraConfig, TrainConfig
 from grpo_core.train.batch import TokenBatch, token_logprobs, token_logprobs_and_entropy
 
 # DeepSpeed's checkpoint tag: its files live under <checkpoint>/learner/.
@@ -39,6 +39,7 @@ class LearnerSpec:
     temperature: float = 1.0      # the sampling temperature: logits are divided by it, as the sampler did
     max_new_tokens: int = 256
     fused_kernels: bool = False   # on CUDA: Liger's Triton kernels for RMSNorm, RoPE and SwiGLU (needs liger-kernel)
+    lora: LoraConfig | None = None  # train peft LoRA adapters only (the base stays frozen); None: all weights
 
 
 def _lr_lambda(train: TrainConfig, total_steps: int):
@@ -83,8 +84,11 @@ class Learner:
         model.config.use_cache = False
         if spec.fused_kernels and torch.cuda.is_available():
             _apply_fused_kernels(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=train.betas,
-                                      weight_decay=train.weight_decay)
+        if spec.lora is not None:
+            model = _with_lora(model, spec.lora)
+        # Only what trains is in the optimizer (with LoRA: the adapters; the base has requires_grad False).
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=train.lr,
+                                      betas=train.betas, weight_decay=train.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(train, spec.total_steps))
         ds_config = {
             "train_micro_batch_size_per_gpu": micro_batch_size,
@@ -100,7 +104,7 @@ class Learner:
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
         self.device = self.engine.device
         self.ref_model = None
-        if algo.kl_coeff > 0:
+        if algo.kl_coeff > 0 and spec.lora is None:  # with LoRA the reference is the base: the adapter disabled
             self.ref_model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype).to(self.device)
             self.ref_model.eval().requires_grad_(False)
         self.micro_batch_size = micro_batch_size
@@ -140,13 +144,26 @@ class Learner:
         self.engine.train()
         return _cat_padded(parts)
 
+    @property
+    def has_reference(self) -> bool:
+        """Whether KL to a reference is computed: algo.kl_coeff > 0 (a frozen copy, or with LoRA the base)."""
+        return self.algo.kl_coeff > 0
+
     @torch.no_grad()
     def ref_logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        """[B, L-1] logprobs of the frozen reference model (exists only when algo.kl_coeff > 0)."""
-        if self.ref_model is None:
+        """[B, L-1] logprobs of the frozen reference model (exists only when algo.kl_coeff > 0). With LoRA the
+        reference is the base model itself, run with the adapter disabled (peft), so no second copy is held."""
+        if not self.has_reference:
             raise RuntimeError("no reference model: it is loaded only when algo.kl_coeff > 0")
-        parts = [self._forward_logprobs(self.ref_model, batch.select(slice(i, i + self.micro_batch_size)))[0].cpu()
-                 for i in range(0, len(batch), self.micro_batch_size)]
+        if self.spec.lora is None:
+            parts = [self._forward_logprobs(self.ref_model, batch.select(slice(i, i + self.micro_batch_size)))[0]
+                     .cpu() for i in range(0, len(batch), self.micro_batch_size)]
+            return _cat_padded(parts)
+        self.engine.eval()
+        with self.engine.module.disable_adapter():
+            parts = [self._forward_logprobs(self.engine, batch.select(slice(i, i + self.micro_batch_size)))[0]
+                     .cpu() for i in range(0, len(batch), self.micro_batch_size)]
+        self.engine.train()
         return _cat_padded(parts)
 
     # ------------------------------------------------------------------------------------------------- step
@@ -176,7 +193,7 @@ class Learner:
         # Old logprobs once per batch; when the batch makes a single optimizer step they equal the current
         # logprobs, so the extra forward pass is skipped (ratio = 1 exactly, as in verl).
         old_logp = None if on_policy else self.logprobs(batch)
-        ref_logp = self.ref_logprobs(batch) if self.ref_model is not None else None
+        ref_logp = self.ref_logprobs(batch) if self.has_reference else None
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
 
@@ -218,7 +235,7 @@ class Learner:
                                                     estimator=self.algo.kl_estimator, mask=mask)
                         loss = loss + self.algo.kl_coeff * aggregate_loss(
                             kl, mask, agg, norm_length=norm_length, global_denominator=denom)
-                        record({"kl_ref": float((kl * mask).sum() / mask.sum().clamp(min=1))})
+                        record({"kl_ref": float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))})
                     if self.algo.entropy_coeff > 0:  # entropy bonus: maximise entropy, aggregated like the loss
                         loss = loss - self.algo.entropy_coeff * aggregate_loss(
                             entropy, mask, agg, norm_length=norm_length, global_denominator=denom)
@@ -243,7 +260,9 @@ class Learner:
     # ---------------------------------------------------------------------------------------------- weights
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The full state dict in HF names (what vLLM's loader expects). Under ZeRO-3 the partitioned parameters
-        are gathered first: a collective, so every rank must call it together."""
+        are gathered first: a collective, so every rank must call it together. With LoRA it is the peft model's
+        state dict (base and adapter tensors under peft's names), which vLLM does not load: syncs use
+        ``save_adapter``."""
         if self.train_cfg.zero_stage == 3:
             import deepspeed
 
@@ -264,18 +283,43 @@ class Learner:
         staging = tempfile.mkdtemp(prefix="grpo-ds-save-")  # DeepSpeed copies its recovery scripts in here
         self.engine.checkpoint_engine = capture
         try:
-            self.engine.save_checkpoint(staging, tag=LEARNER_TAG, save_latest=False)
+            # With LoRA the frozen base is not saved: it is model.path, unchanged (only the adapter trains).
+            self.engine.save_checkpoint(staging, tag=LEARNER_TAG, save_latest=False,
+                                        exclude_frozen_parameters=self.spec.lora is not None)
         finally:
             self.engine.checkpoint_engine = default
             shutil.rmtree(staging, ignore_errors=True)
         snap = Snapshot()
+        trainable = {n for n, p in self.engine.module.named_parameters() if p.requires_grad}
         for path, state in capture.saved:
+            if self.spec.lora is not None and isinstance(state, dict) and isinstance(state.get("module"), dict):
+                # DeepSpeed's exclude_frozen_parameters keeps a tied output layer (a state-dict entry that is no
+                # named parameter): the module states keep the adapter alone.
+                state["module"] = type(state["module"])((k, v) for k, v in state["module"].items() if k in trainable)
             snap.add_torch(os.path.relpath(path, staging), state)
         snap.add_torch(f"{LEARNER_TAG}/rng-rank-{rank}.pt", _rng_state())
         return snap
 
+    def adapter_weights(self) -> dict[str, torch.Tensor]:
+        """LoRA: the adapter tensors under peft's saved names (what ``adapter_model.safetensors`` holds)."""
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(self.engine.module)
+
+    def save_adapter(self, folder: str) -> int:
+        """LoRA: the adapter in peft format (``adapter_model.safetensors`` + ``adapter_config.json``) into a local
+        folder, written by peft itself so that ``PeftModel.from_pretrained`` and vLLM's LoRA loader read it as is.
+        Returns the bytes written."""
+        if self.spec.lora is None:
+            raise RuntimeError("save_adapter needs model.lora: this learner trains all weights")
+        self.engine.module.save_pretrained(folder)
+        return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+
     def hf_snapshot(self) -> Snapshot:
-        """The policy in HF format (one safetensors file + config), copied now; transformers and vLLM load it."""
+        """The policy in HF format, copied now: one safetensors file + config that transformers and vLLM load;
+        with LoRA the adapter in peft format (``save_adapter``), to be loaded on the base model."""
+        if self.spec.lora is not None:
+            return self._adapter_snapshot()
         module = self.engine.module
         tensors = {name: t.to("cpu", copy=True).contiguous() for name, t in self.named_weights()}
         if getattr(module.config, "tie_word_embeddings", False):
@@ -287,14 +331,39 @@ class Learner:
             snap.add_bytes("generation_config.json", module.generation_config.to_json_string().encode())
         return snap
 
+    def _adapter_snapshot(self) -> Snapshot:
+        """The adapter files peft wrote (not its model-card README), as bytes copied now."""
+        from grpo_core.weights.lora import ADAPTER_FILES
+
+        snap = Snapshot()
+        with tempfile.TemporaryDirectory(prefix="grpo-adapter-") as tmp:
+            self.save_adapter(tmp)
+            for name in ADAPTER_FILES:
+                with open(os.path.join(tmp, name), "rb") as fh:
+                    snap.add_bytes(name, fh.read())
+        return snap
+
     def load_state(self, folder: str, rank: int, policy_version: int) -> None:
-        """Restore what ``snapshot`` saved (``folder`` holds ``learner/``) and serve it as ``policy_version``."""
-        path, _ = self.engine.load_checkpoint(folder, tag=LEARNER_TAG, load_module_strict=True,
+        """Restore what ``snapshot`` saved (``folder`` holds ``learner/``) and serve it as ``policy_version``.
+        With LoRA the checkpoint holds no frozen base weights (they come from ``model.path``), so the module is
+        loaded non-strictly; the adapter's fp32 copy comes back from the optimizer state as well."""
+        path, _ = self.engine.load_checkpoint(folder, tag=LEARNER_TAG, load_module_strict=self.spec.lora is None,
                                               load_optimizer_states=True, load_lr_scheduler_states=True)
         if path is None:
             raise FileNotFoundError(f"{folder}/{LEARNER_TAG}: DeepSpeed found no checkpoint to load")
         _set_rng_state(torch.load(os.path.join(folder, LEARNER_TAG, f"rng-rank-{rank}.pt"), weights_only=False))
         self.version = policy_version
+
+
+def _with_lora(model, lora: LoraConfig):
+    """The HF model wrapped by peft with LoRA adapters on ``lora.target_modules``: peft freezes every base weight
+    and initialises B = 0, so the policy at version 0 is exactly the base model (what the samplers serve before
+    the first adapter arrives)."""
+    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+
+    return get_peft_model(model, PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                target_modules=list(lora.target_modules), bias="none",
+                                                task_type="CAUSAL_LM"))
 
 
 def _apply_fused_kernels(model) -> None:

@@ -27,10 +27,13 @@ def backend_for(transport: str) -> str:
 
 
 def register_backends() -> None:
-    """Make our CPU backend known to vLLM's factories (idempotent; before an LLM or a trainer engine is made)."""
-    from grpo_core.weights import gloo
+    """Make our backends known to vLLM's factories (idempotent; before an LLM or a trainer engine is made): gloo
+    (broadcast on CPU) and grpo (`grpo serve`: files or gloo). The ``vllm.general_plugins`` entry point runs this in
+    every vLLM process, including a server's engine-core workers."""
+    from grpo_core.weights import gloo, server_engine
 
     gloo.register()
+    server_engine.register()
 
 
 def largest_tensor_bytes(module: torch.nn.Module) -> int:
