@@ -61,7 +61,7 @@ lock:
 
 # Prefect server (UI on 127.0.0.1:4200), process work pool + worker, local S3 server; see deployments/prefect.yaml.
 stack-up: $(STAMP) $(TINY_MODEL)/config.json
-	infra/stack.sh up
+	$(BIN)/grpo stack up
 
 stack-down:
 	infra/stack.sh down

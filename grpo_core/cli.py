@@ -153,6 +153,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_stack(args: argparse.Namespace) -> int:
+    """The local stack of deployments (Prefect server and UI, work pool and worker, S3 server): infra/stack.sh, run
+    from the project folder it belongs to."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "infra" / "stack.sh"
+    if not script.is_file():
+        print(f"error: {script} not found: `grpo stack` runs from a source checkout of the project", file=sys.stderr)
+        return 2
+    return subprocess.run(["bash", str(script), args.action], check=False).returncode
+
+
 def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.ArgumentParser:
     """The library's commands; ``add_commands(subparsers)`` adds more (``grpo_cli`` adds the ones that run flows,
     which live above the flows: the library never imports them)."""
@@ -220,6 +233,11 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     p.add_argument("--root", default="runs", help="storage root (a folder or s3://bucket/prefix)")
     p.add_argument("--storage-options", default=None, help="fsspec options as JSON (S3 endpoint, keys)")
     p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("stack", help="the local deployment stack: Prefect server + UI (127.0.0.1:4200), work pool "
+                                     "and worker, S3 server")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.set_defaults(func=_cmd_stack)
 
     p = sub.add_parser("score", help="score a file of responses offline")
     from grpo_core.rewards.score_file import add_score_arguments, run_score

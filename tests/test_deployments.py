@@ -74,3 +74,13 @@ def test_dockerfile_copies_what_exists():
     assert sources
     for src in sources:
         assert (REPO / src.rstrip("/")).exists(), f"infra/Dockerfile copies {src}, which is not in the repository"
+
+
+def test_grpo_stack_runs_the_stack_script(capfd):
+    """`grpo stack status` reports each service of infra/stack.sh (started by `grpo stack up`, `make stack-up`)."""
+    from grpo_core.cli import main
+
+    assert main(["stack", "status"]) == 0
+    out = capfd.readouterr().out
+    for service in ("prefect-server", "prefect-worker", "s3"):
+        assert f"{service}: " in out
