@@ -184,8 +184,9 @@ class EngineWorker:
                                        max_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
                                        seeds=seeds)
         seconds = time.perf_counter() - started
-        table = self._rows(iteration, prompts, groups, group_offset)
-        return table, {"seconds": seconds, "policy_version": self.sampler.version, "sampler_id": self.sampler_id}
+        version = self.sampler.version  # read once: a server answers it over HTTP
+        table = self._rows(iteration, prompts, groups, group_offset, version)
+        return table, {"seconds": seconds, "policy_version": version, "sampler_id": self.sampler_id}
 
     def generate_eval(self, iteration: int, prompts: list[dict[str, Any]], greedy: bool, samples: int,
                       group_offset: int) -> tuple[pa.Table, dict]:
@@ -199,8 +200,9 @@ class EngineWorker:
             seeds = [sampling_seed(self.cfg.seed, iteration, 10**6 + group_offset + i) for i in range(len(prompts))]
             groups = self.sampler.generate(token_lists, n=samples, max_tokens=ro.max_new_tokens,
                                            temperature=ro.temperature, top_p=ro.top_p, seeds=seeds)
-        table = self._rows(iteration, prompts, groups, group_offset)
-        return table, {"seconds": time.perf_counter() - started, "policy_version": self.sampler.version}
+        version = self.sampler.version
+        table = self._rows(iteration, prompts, groups, group_offset, version)
+        return table, {"seconds": time.perf_counter() - started, "policy_version": version}
 
     def sampler_logprobs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The sampler's raw (temperature 1) logprobs of each sequence's tokens after its prompt."""
@@ -450,10 +452,9 @@ class EngineWorker:
 
     # --------------------------------------------------------------------------------------------- helpers
     def _rows(self, iteration: int, prompts: list[dict[str, Any]], groups: list[list[Sample]],
-              group_offset: int) -> pa.Table:
+              group_offset: int, version: int | None) -> pa.Table:
         """Rollout rows (the typed columns, then each prompt's dataset columns); grouped, in sample order."""
         rows, columns = [], []
-        version = self.sampler.version  # once: a server answers it over HTTP
         for gi, (prompt, samples) in enumerate(zip(prompts, groups)):
             for si, s in enumerate(samples):
                 rows.append({

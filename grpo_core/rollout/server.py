@@ -138,26 +138,28 @@ class ServerSampler:
     def load_from_store(self, url: str, storage_options: dict[str, Any], version: int) -> float:
         """Files transport: the server reads the version's safetensors from ``url`` (local path or fsspec URL the
         server can reach) and serves them as ``version``."""
+        return self._load_path(url, storage_options, self._tag(version))
+
+    def _load_path(self, path: str, storage_options: dict[str, Any], weight_version: str) -> float:
+        """Full weights from a folder the server reads itself (our ``grpo`` backend's files route); no adapter."""
         started = time.perf_counter()
         self._post("/start_weight_update")
-        self._post("/update_weights", {"update_info": {"path": url, "storage_options": storage_options}})
-        self._post("/finish_weight_update", {"weight_version": self._tag(version)})
-        self._adapter = None
+        self._post("/update_weights", {"update_info": {"path": path, "storage_options": storage_options}})
+        self._post("/finish_weight_update", {"weight_version": weight_version})
+        self._drop_adapter()
         return time.perf_counter() - started
+
+    def _drop_adapter(self) -> None:
+        if self._adapter is not None:
+            self._post("/v1/unload_lora_adapter", {"lora_name": self._adapter})
+            self._adapter = None
 
     def restore_base(self, model_dir: str) -> float:
         """Reload the base model's own weights from ``model_dir`` (a path the server can read). A LoRA run does this
         first: a server that served another run's full weights would otherwise put the adapters on top of those.
         The server then reports no version of this run, so the flow's version check syncs an adapter before it
         samples."""
-        started = time.perf_counter()
-        self._post("/start_weight_update")
-        self._post("/update_weights", {"update_info": {"path": model_dir, "storage_options": {}}})
-        self._post("/finish_weight_update", {"weight_version": f"{self.tag}:base"})
-        if self._adapter is not None:
-            self._post("/v1/unload_lora_adapter", {"lora_name": self._adapter})
-            self._adapter = None
-        return time.perf_counter() - started
+        return self._load_path(model_dir, {}, f"{self.tag}:base")
 
     def load_adapter(self, adapter_dir: str, version: int) -> float:
         """Serve base + the peft adapter in ``adapter_dir`` (a path the server can read) as ``version``: a new
@@ -174,9 +176,7 @@ class ServerSampler:
 
     def serve_base(self, version: int) -> None:
         """LoRA: drop the adapter and serve the base model alone as ``version``."""
-        if self._adapter is not None:
-            self._post("/v1/unload_lora_adapter", {"lora_name": self._adapter})
-            self._adapter = None
+        self._drop_adapter()
         self._post("/update_weight_version", {"new_version": self._tag(version)})
 
     # vLLM's weight-transfer lifecycle over the server's RL routes (broadcast; the gloo trainer engine drives it)
