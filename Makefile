@@ -23,7 +23,7 @@ export PREFECT_LOGGING_LEVEL ?= WARNING
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test install model lock bench clean stack-up stack-down
+.PHONY: run test test-e2e ui-check install model lock bench clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -44,10 +44,21 @@ model: $(TINY_MODEL)/config.json
 # Each `make run` is a new run folder runs/tiny-<time>; `grpo train` with an existing run name reuses its
 # complete stage outputs instead.
 run: $(STAMP) $(TINY_MODEL)/config.json
-	$(BIN)/grpo train --config $(CONFIG) --set run_name=tiny-$$(date +%Y%m%d-%H%M%S)
+	$(BIN)/grpo train --config $(CONFIG) --set 'run_name=tiny-{date}-{time}'
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The long end-to-end checks (external servers, kill-and-resume, async overlap): minutes each. CI runs them after
+# `make test`.
+test-e2e: $(STAMP)
+	$(BIN)/python -m pytest -m e2e $(PYTEST_ARGS)
+
+# The Prefect console in a real browser: stack up, a tiny deployment run, its artifacts through the REST API,
+# screenshots (headless Chromium, installed from Debian when missing), two scheduled retraining runs, stack down.
+ui-check: $(STAMP) $(TINY_MODEL)/config.json
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	$(BIN)/python infra/ui_check.py
 
 bench: $(STAMP) $(TINY_MODEL)/config.json
 	$(BIN)/python benchmarks/iteration.py

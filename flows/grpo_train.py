@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow
+from rich.console import Console
 
 from grpo_core.cluster.engines import EngineLost, Engines
 from grpo_core.config import GRPOConfig, build_config, check_model_folder, load_config
+from grpo_core.metric_sinks import MetricSinks
 from grpo_core.pipeline.prompts import PromptStream, PromptTokenizer
-from grpo_core.progress import Progress
+from grpo_core.progress import Progress, iteration_line
 from grpo_core.report import plot_curves, plot_timeline, summary_lines
 from grpo_core.rewards.scorer import Scorer
 from grpo_core.runs import RunStatus, requested_samplers
@@ -38,7 +40,8 @@ from tasks.evaluate import evaluate
 from tasks.inbox import take_inbox
 from tasks.io_retry import io_retry_options
 from tasks.rollout import rollout
-from tasks.run_state import latest_checkpoint, prepare_run, record, scale_samplers, write_status
+from tasks.run_log import run_logging
+from tasks.run_state import latest_checkpoint, prepare_run, record, resolve_inputs, scale_samplers, write_status
 from tasks.score import assemble, score
 from tasks.sync import ensure_synced, sync
 from tasks.train import train
@@ -58,29 +61,31 @@ class _Stages:
                          ("commit_checkpoint", commit_checkpoint), ("record", record),
                          ("write_status", write_status), ("latest_checkpoint", latest_checkpoint),
                          ("scale_samplers", scale_samplers), ("take_inbox", take_inbox),
-                         ("prepare_run", prepare_run)):
+                         ("prepare_run", prepare_run), ("resolve_inputs", resolve_inputs)):
             setattr(self, name, fn.with_options(**opts))
 
 
-def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus) -> RunContext:
+def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: dict[str, list[str]]) -> RunContext:
     from transformers import AutoTokenizer
 
-    from grpo_core.data.readers import read_prompts
+    from grpo_core.data.files import merged, read_prompt_files
 
     d = cfg.data
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     encoder = PromptTokenizer(tokenizer, cfg.reward.type, d.system_prompt, d.max_prompt_tokens)
     read = dict(format=d.format, prompt_key=d.prompt_key, answer_key=d.answer_key, on_bad_row=d.on_bad_row,
                 storage_options=cfg.storage.options or None)
-    train_set = read_prompts(d.train_path, **read)
+    train_parts = read_prompt_files(files["train"], **read)
+    train_set = merged(train_parts)
     rounds = 1 + (cfg.algo.max_resample_times if cfg.algo.filter_groups else 0)
     stream = PromptStream(train_set, encoder, batch_size=cfg.rollout.prompts_per_iteration, seed=cfg.seed,
                           shuffle=d.shuffle, rounds_per_iteration=rounds)
     eval_prompts: list[dict[str, Any]] = []
-    sets = [train_set]
-    if d.eval_path and cfg.eval.interval > 0:
-        eval_set = read_prompts(d.eval_path, **read)
-        sets.append(eval_set)
+    sets = list(train_parts)
+    if files.get("eval") and cfg.eval.interval > 0:
+        eval_parts = read_prompt_files(files["eval"], **read)
+        eval_set = merged(eval_parts)
+        sets.extend(eval_parts)
         eval_prompts = PromptStream(eval_set, encoder, batch_size=1, seed=0, shuffle=False).all(cfg.eval.max_prompts)
     skipped = {s.source: [{"row": row, "reason": why} for row, why in s.skipped] for s in sets if s.skipped}
     if skipped:  # counted, reported and kept with the run, never dropped silently
@@ -142,6 +147,22 @@ def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
     return _Batch(rollouts, sc, inside, time.perf_counter() - t0, stamps, taken or {"groups": 0, "rows": 0})
 
 
+def _run_start_time():
+    """What a run-name template's {date} and {time} mean: the flow run's scheduled start (UTC), which a Prefect
+    retry of the same flow run keeps, so the retry resumes the same run folder."""
+    from datetime import timezone
+
+    from prefect.runtime import flow_run
+
+    return flow_run.scheduled_start_time.astimezone(timezone.utc)
+
+
+def _config_of(config: dict | None, config_path: str | None, overrides: list[str] | None) -> GRPOConfig:
+    now = _run_start_time()
+    return build_config(config, "<flow parameter>", now) if config is not None \
+        else load_config(config_path, overrides, now=now)
+
+
 def _flow_run_name() -> str:
     """The flow run is named after the training run (its folder under storage.root), not a random name."""
     from prefect.runtime import flow_run
@@ -150,8 +171,7 @@ def _flow_run_name() -> str:
 
     p = flow_run.parameters
     try:
-        cfg = build_config(p["config"], "<flow parameter>") if p.get("config") is not None \
-            else load_config(p.get("config_path"), p.get("overrides"))
+        cfg = _config_of(p.get("config"), p.get("config_path"), p.get("overrides"))
     except ConfigError:
         return "grpo-train-invalid-config"  # the flow itself then fails with the config error
     return cfg.run_name
@@ -162,10 +182,16 @@ def grpo_train(config_path: str | None = None, overrides: list[str] | None = Non
                config: dict | None = None) -> dict[str, Any]:
     """Train a policy with GRPO-family RL. Give a YAML path (+ `key=value` overrides) or a config dict.
     A run name whose folder exists is resumed from its latest checkpoint."""
-    cfg = build_config(config, "<flow parameter>") if config is not None else load_config(config_path, overrides)
+    cfg = _config_of(config, config_path, overrides)
     check_model_folder(cfg)
     store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
     _tag_flow_run(cfg)
+    terminal = Console()
+    with run_logging(cfg, store, terminal):
+        return _run(cfg, store, terminal)
+
+
+def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> dict[str, Any]:
     stages = _Stages(cfg)
     started = time.perf_counter()
     plan = stages.prepare_run(cfg, store)
@@ -175,8 +201,10 @@ def grpo_train(config_path: str | None = None, overrides: list[str] | None = Non
         return _already_finished(cfg, store)
     ctx = None
     try:
-        ctx = _build_context(cfg, store, plan.status)
-        return _train(ctx, stages, plan.checkpoint, started)
+        inputs = stages.resolve_inputs(cfg, store)
+        print(f"starting weights: {inputs.weights_from}; train data: " + ", ".join(inputs.data_files["train"]))
+        ctx = _build_context(cfg.starting_from(inputs.weights_folder), store, plan.status, inputs.data_files)
+        return _train(ctx, stages, plan.checkpoint, started, terminal)
     except BaseException as exc:
         try:
             stages.write_status(store, plan.status, "failed", f"{type(exc).__name__}: {exc}")
@@ -224,7 +252,7 @@ def _already_finished(cfg: GRPOConfig, store: RunStore) -> dict[str, Any]:
             "final_eval_accuracy": evals[-1] if evals else None, "summary": lines, "resumed_from": None}
 
 
-def _train(ctx: RunContext, stages: _Stages, ref, started: float) -> dict[str, Any]:
+def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Console) -> dict[str, Any]:
     cfg, store = ctx.cfg, ctx.store
     info = ctx.engines.start()
     ctx.status.actors = info["actors"]
@@ -241,8 +269,9 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float) -> dict[str, A
     start = ref.next_iteration if ref is not None else 0
     console = RunConsole(cfg.run_name, cfg.iterations, store.read_metrics().to_pylist())
     while True:
+        sinks = MetricSinks(cfg, store, start)  # (re)opened where the iterations (re)start
         try:
-            last_eval = _run_iterations(ctx, stages, start, console)
+            last_eval = _run_iterations(ctx, stages, start, console, terminal, sinks)
             break
         except EngineLost as lost:
             ctx.pending_checkpoint = None  # its writer died with the actor; it never counts
@@ -264,6 +293,8 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float) -> dict[str, A
                   f"{info['recreate_s']:.1f}s and restored "
                   + (f"{ref.name}, policy version {ref.policy_version}" if ref else "the initial weights")
                   + f"; continuing at iteration {start}")
+        finally:
+            sinks.close()
     stages.commit_checkpoint(ctx, wait=True)
     saved = ctx.engines.save_final()
     metrics = store.read_metrics()
@@ -282,7 +313,8 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float) -> dict[str, A
             "replaced_samplers": ctx.engines.replaced_samplers, "actors": ctx.status.actors}
 
 
-def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunConsole) -> dict[str, Any] | None:
+def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunConsole, terminal: Console,
+                    sinks: MetricSinks) -> dict[str, Any] | None:
     """Iterations ``start..iterations-1`` and the final evaluation; returns the last evaluation. Each recorded
     row and evaluation also goes to the run's artifacts in the Prefect UI (``console``)."""
     cfg, store = ctx.cfg, ctx.store
@@ -290,7 +322,7 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
     do_eval = bool(ctx.eval_prompts) and cfg.eval.interval > 0
     last_eval: dict[str, Any] | None = None
     batches: dict[int, _Batch] = {}  # collected, not yet trained on (async: up to s ahead)
-    with Progress(cfg.iterations, completed=start) as progress:
+    with Progress(cfg.iterations, console=terminal, completed=start) as progress:
         for it in range(start, cfg.iterations):
             t0 = time.perf_counter()
             row: dict[str, Any] = {"iteration": it, "run_attempt": ctx.status.attempt}
@@ -376,7 +408,9 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
             else:
                 _poll_checkpoint(ctx, stages)
             stages.record(store, ctx.status, row)
+            sinks.log(row)
             console.iteration_done(row)
+            print(iteration_line(row))
             progress.update(row)
         final: dict[str, Any] = {"iteration": cfg.iterations, "eval_accuracy": None,
                                  "run_attempt": ctx.status.attempt}
@@ -387,6 +421,8 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
             final.update({"eval_accuracy": last_eval["accuracy"], "time_eval_s": time.perf_counter() - t0,
                           "policy_version": last_eval["policy_version"]})
             stages.record(store, ctx.status, final)
+            sinks.log(final)
+            print(iteration_line(final))
             progress.update(final)
     return last_eval
 

@@ -7,10 +7,13 @@ defaults; anything the user sets explicitly still wins.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 
 class _Section(BaseModel):
@@ -51,14 +54,21 @@ class LoraConfig(_Section):
 
 class ModelConfig(_Section):
     path: str = Field(description="HF-format model folder (weights + tokenizer), loaded by transformers and vLLM")
+    init_from: str | None = Field(
+        default=None, description="start from another run's policy instead of model.path's weights: a run name or "
+        "glob of run names under storage.root (the newest finished run's final/, else its latest checkpoint), or an "
+        "HF model folder; resolved once when the run starts and recorded in init_from.json. Nothing matching: "
+        "model.path's weights (the first run of a schedule)")
     dtype: Literal["float32", "bfloat16"] = "float32"
     lora: LoraConfig | None = Field(
         default=None, description="train LoRA adapters instead of all weights (peft); None: full fine-tuning")
 
 
 class DataConfig(_Section):
-    train_path: str
-    eval_path: str | None = None
+    train_path: str = Field(description="a file (.jsonl, .parquet), a save_to_disk folder, a folder of such files "
+                            "or a glob; folders and globs take the files present when the run starts "
+                            "(recorded in data_files.json, which a resume reuses)")
+    eval_path: str | None = Field(default=None, description="same forms as train_path")
     format: Literal["math", "code"] = "math"
     prompt_key: str = "messages"
     answer_key: str = "gt_answer"
@@ -277,8 +287,42 @@ class CheckpointConfig(_Section):
     keep_last: int = Field(default=2, ge=0, description="complete checkpoints kept; 0 keeps all")
 
 
+class LoggingConfig(_Section):
+    """Where a run's figures and logs go besides metrics.parquet and the Prefect UI."""
+
+    backends: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["tensorboard"],
+        description="metric sinks: tensorboard (event files in the run folder's tensorboard/, the default), wandb "
+                    "and mlflow (when installed; offline unless WANDB_MODE / MLFLOW_TRACKING_URI say otherwise)")
+    project: str = Field(default="grpo-flow", description="W&B project / MLflow experiment name")
+    verbose: bool = Field(default=False, description="show the libraries' log lines (vLLM, DeepSpeed, Ray, "
+                          "Prefect) on the terminal; otherwise they go to logs/ in the run folder (`grpo train -v`)")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "LoggingConfig":
+        if len(set(self.backends)) != len(self.backends):
+            raise ValueError(f"logging.backends lists a backend twice: {self.backends}")
+        return self
+
+
+# A run name may be a template: {date} and {time} (UTC) of the run's start -- for a scheduled flow run, its
+# scheduled start, which stays the same when Prefect retries it, so a retry resumes the same run folder.
+RUN_NAME_FIELDS = ("date", "time")
+
+
+def expand_run_name(template: str, now: "datetime") -> str:
+    """``"nightly-{date}"`` -> ``"nightly-20261123"``; a name without braces is returned as it is."""
+    if "{" not in template:
+        return template
+    try:
+        return template.format(date=now.strftime("%Y%m%d"), time=now.strftime("%H%M%S"))
+    except (KeyError, IndexError, ValueError) as err:
+        raise ConfigError(f"run_name={template!r}: a template may use {{date}} and {{time}} only ({err!r})") from None
+
+
 class GRPOConfig(_Section):
-    run_name: str = Field(default="tiny", pattern=r"^[A-Za-z0-9._-]+$")
+    run_name: str = Field(default="tiny", pattern=r"^[A-Za-z0-9._-]+$",
+                          description="the run folder under storage.root; a template may use {date} and {time}")
     seed: int = 0
     iterations: int = Field(default=10, ge=1)
     model: ModelConfig
@@ -292,6 +336,7 @@ class GRPOConfig(_Section):
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     # Derived batch arithmetic: computed here once, never re-derived elsewhere.
     @property
@@ -343,6 +388,13 @@ class GRPOConfig(_Section):
         """The policy version that samples ``iteration``'s rollouts: with ``rollout.max_staleness`` s, the one the
         learner had s iterations earlier (the rollout runs while iteration ``iteration - s`` trains)."""
         return self.policy_version_before(max(0, iteration - self.rollout.max_staleness))
+
+    def starting_from(self, weights_folder: str | None) -> "GRPOConfig":
+        """This config with its initial weights (and tokenizer) read from ``weights_folder`` (the resolved
+        ``model.init_from``) instead of ``model.path``; itself when None. The run folder keeps the config as given."""
+        if weights_folder is None:
+            return self
+        return self.model_copy(update={"model": self.model.model_copy(update={"path": weights_folder})})
 
     def is_checkpoint_iteration(self, iteration: int) -> bool:
         """Whether a checkpoint is written after ``iteration``: every ``checkpoint.interval``-th and the last."""
@@ -397,6 +449,9 @@ class GRPOConfig(_Section):
 
     def _check_placement(self) -> None:
         c, transport = self.cluster, self.weights.transport
+        if c.ray_address and "{{" in c.ray_address:
+            raise ValueError(f"cluster.ray_address={c.ray_address!r} is an unresolved deployment template: deploy "
+                             "with GRPO_RAY_ADDRESS set (`grpo stack up` does), or give the address")
         if self.rollout.max_staleness > 0 and c.placement == "colocate":
             raise ValueError(f"rollout.max_staleness={self.rollout.max_staleness} samples while the learner trains: "
                              f"it needs cluster.placement=split or external (a colocated actor does one at a time)")
@@ -443,8 +498,8 @@ class GRPOConfig(_Section):
 
 # Fields a resumed run may change: they decide how long the run goes on and how it is operated, never what an
 # iteration computes. Raising `iterations` extends a run (the lr schedule then spans the new total from where it is).
-RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "cluster.ray_address", "cluster.sampler_resources",
-                      "cluster.learner_resources", "cluster.max_actor_restarts", "cluster.servers",
+RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "logging", "cluster.ray_address",
+                      "cluster.sampler_resources", "cluster.learner_resources", "cluster.max_actor_restarts", "cluster.servers",
                       "cluster.server_timeout_s", "cluster.server_retries", "reward.num_workers",
                       "weights.check_samples", "weights.check_every")
 
@@ -504,7 +559,12 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def build_config(tree: dict[str, Any], source: str = "<dict>") -> GRPOConfig:
+def build_config(tree: dict[str, Any], source: str = "<dict>", now: "datetime | None" = None) -> GRPOConfig:
+    """Validate a config tree; a templated ``run_name`` is expanded with ``now`` (default: the current UTC time)."""
+    if isinstance(tree.get("run_name"), str) and "{" in tree["run_name"]:
+        from datetime import datetime, timezone
+
+        tree = {**tree, "run_name": expand_run_name(tree["run_name"], now or datetime.now(timezone.utc))}
     try:
         return GRPOConfig.model_validate(apply_preset(tree))
     except ValidationError as err:
@@ -516,7 +576,7 @@ PLACEHOLDER_TREE: dict[str, Any] = {"model": {"path": "<model>"}, "data": {"trai
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                preset: str | None = None) -> GRPOConfig:
+                preset: str | None = None, now: "datetime | None" = None) -> GRPOConfig:
     """Read a YAML config (None: placeholders for the required paths), apply `--set key=value` overrides and the
     preset, validate."""
     tree: dict[str, Any] = dict(PLACEHOLDER_TREE) if path is None else {}
@@ -537,7 +597,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if overrides:
         tree = merge_trees(tree, parse_overrides(overrides))
         source += " with --set " + " ".join(overrides)
-    return build_config(tree, source)
+    return build_config(tree, source, now)
 
 
 def check_model_folder(cfg: GRPOConfig) -> None:

@@ -22,6 +22,7 @@ from grpo_core import checkpoint
 from grpo_core.checkpoint import CheckpointRef, CheckpointWriter, Snapshot
 from grpo_core.config import GRPOConfig
 from grpo_core.data.schemas import rollouts_table
+from grpo_core.logs import redirect_process_output
 from grpo_core.rollout.sampler import Sample, SamplerSpec, VLLMSampler
 from grpo_core.storage import RunStore
 from grpo_core.train.batch import pack_batch
@@ -95,9 +96,14 @@ def init_learner_group(master_addr: str, master_port: int, rank: int, world_size
 
 
 class EngineWorker:
-    def __init__(self, cfg: GRPOConfig, sampler_id: int | None = None, learner_rank: int | None = None):
+    def __init__(self, cfg: GRPOConfig, sampler_id: int | None = None, learner_rank: int | None = None,
+                 output_file: str | None = None):
+        """``output_file``: this process's stdout and stderr go there (the run folder's logs/, see grpo_core.logs);
+        only for an actor process of its own, never in a caller's process."""
         if sampler_id is None and learner_rank is None:
             raise ValueError("an engine worker holds a sampler, a learner rank, or both")
+        if output_file is not None:
+            redirect_process_output(output_file)
         self.cfg = cfg
         self.sampler_id, self.learner_rank = sampler_id, learner_rank
         self.store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)

@@ -1,4 +1,5 @@
-"""The live display of a training run: a progress bar plus one line per iteration."""
+"""The live display of a training run: a progress bar with ETA, and the text of the line per iteration (which the
+flow logs, so it reaches the terminal above the bar, the Prefect UI's Logs tab and the run's logs/flow.log)."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,6 +11,14 @@ from rich.progress import Progress as RichProgress
 
 def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def iteration_line(row: dict[str, Any]) -> str:
+    """One metrics row as the line a person reads."""
+    return (f"iter {row['iteration']:4d}  reward {_fmt(row.get('reward_mean'), '.3f')}  "
+            f"eval_acc {_fmt(row.get('eval_accuracy'), '.3f')}  loss {_fmt(row.get('loss'), '+.4f')}  "
+            f"len {_fmt(row.get('response_length_mean'), '.1f')}  "
+            f"time {_fmt(row.get('time_total_s', row.get('time_eval_s')), '.2f')}s")
 
 
 class Progress:
@@ -28,11 +37,5 @@ class Progress:
         self.bar.__exit__(*exc)
 
     def update(self, row: dict[str, Any]) -> None:
-        it = row["iteration"]
-        line = (f"iter {it:4d}  reward {_fmt(row.get('reward_mean'), '.3f')}  "
-                f"eval_acc {_fmt(row.get('eval_accuracy'), '.3f')}  loss {_fmt(row.get('loss'), '+.4f')}  "
-                f"len {_fmt(row.get('response_length_mean'), '.1f')}  "
-                f"time {_fmt(row.get('time_total_s', row.get('time_eval_s')), '.2f')}s")
-        self.bar.console.print(line)
         if row.get("reward_mean") is not None:
             self.bar.update(self.task, advance=1, description=f"reward {row['reward_mean']:.3f}")

@@ -103,22 +103,25 @@ def summarize(store: RunStore) -> RunSummary:
         error=status.error if status else None)
 
 
-def list_runs(root: str, storage_options: dict | None = None) -> list[RunSummary]:
-    """A summary of every run folder (a folder with config.json) directly under ``root``."""
+def run_names(root: str, storage_options: dict | None = None) -> list[str]:
+    """The names of the run folders (folders with config.json) directly under ``root``, sorted."""
     fs, base = fsspec.core.url_to_fs(root, **(storage_options or {}))
     try:
         entries = fs.ls(base, detail=True)
     except FileNotFoundError:
         return []
-    out = []
+    names = []
     for entry in sorted(entries, key=lambda e: e["name"]):
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        if entry.get("type") != "directory" or name.startswith("."):
-            continue
-        store = RunStore(root, name, storage_options)
-        if store.exists(CONFIG):
-            out.append(summarize(store))
-    return out
+        if entry.get("type") == "directory" and not name.startswith(".") \
+                and RunStore(root, name, storage_options).exists(CONFIG):
+            names.append(name)
+    return names
+
+
+def list_runs(root: str, storage_options: dict | None = None) -> list[RunSummary]:
+    """A summary of every run folder directly under ``root``."""
+    return [summarize(RunStore(root, name, storage_options)) for name in run_names(root, storage_options)]
 
 
 def request_samplers(store: RunStore, count: int) -> None:

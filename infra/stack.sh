@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Local stack for deployments: a Prefect server (UI at http://127.0.0.1:4200), a process work pool with a worker,
-# and a local S3 server (SeaweedFS). Everything binds 127.0.0.1. PIDs and logs live in .cache/stack/.
+# a Ray head that every deployment run joins (cluster.ray_address=$GRPO_RAY_ADDRESS), and a local S3 server
+# (SeaweedFS). Everything binds 127.0.0.1. PIDs and logs live in .cache/stack/.
 #
 #   infra/stack.sh up      start what is not running, deploy deployments/prefect.yaml
 #   infra/stack.sh down    stop everything this script started
@@ -11,10 +12,24 @@ STATE="$ROOT/.cache/stack"
 BIN="$ROOT/.venv/bin"
 PORT="${PREFECT_PORT:-4200}"
 POOL="${GRPO_WORK_POOL:-grpo-local}"
+RAY_PORT="${GRPO_RAY_PORT:-6380}"
+# Logical CPUs of the Ray head: as a local run does, reserve more than the cores (roles take turns on a small box).
+RAY_CPUS="${GRPO_RAY_CPUS:-$(( $(nproc) > 8 ? $(nproc) : 8 ))}"
 mkdir -p "$STATE"
+cd "$ROOT"  # the Ray head's workers and the deployments resolve relative paths (configs/, data/) from here
 # The server keeps its own database (not the ephemeral one that `make run`/`make test` use).
 export PREFECT_HOME="${GRPO_STACK_PREFECT_HOME:-$ROOT/.cache/prefect-server}" PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_API_URL="http://127.0.0.1:$PORT/api" GRPO_PROJECT_DIR="$ROOT"
+export GRPO_RAY_ADDRESS="127.0.0.1:$RAY_PORT"   # deployments/prefect.yaml puts it in cluster.ray_address
+# Ray's token authentication, with a token of this stack's own that the head and every run the worker starts read.
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$STATE/ray_token"
+[ -s "$RAY_AUTH_TOKEN_PATH" ] || (umask 077; "$BIN/python" -c "import secrets; print(secrets.token_hex(32))" \
+  > "$RAY_AUTH_TOKEN_PATH")
+# What `make` exports for a run (caches in the project, offline hub), for runs the worker starts outside make.
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.cache/torch_extensions}"
+export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$ROOT/.cache/vllm}" HF_HOME="${HF_HOME:-$ROOT/.cache/hf}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_BUILD_OPS=0 RAY_USAGE_STATS_ENABLED=0
+export PREFECT_LOGGING_LEVEL="${PREFECT_LOGGING_LEVEL:-WARNING}"   # the flow's own lines reach the Logs tab anyway
 mkdir -p "$PREFECT_HOME"
 
 running() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
@@ -38,12 +53,18 @@ case "${1:-}" in
     wait_http "$PREFECT_API_URL/health" 90
     "$BIN/prefect" work-pool inspect "$POOL" >/dev/null 2>&1 || "$BIN/prefect" work-pool create "$POOL" --type process
     (cd "$ROOT" && "$BIN/prefect" --no-prompt deploy --prefect-file deployments/prefect.yaml --all)
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps every Ray server on 127.0.0.1 (STACK.md); --block keeps the head
+    # in this process group, so `down` stops exactly what `up` started.
+    start ray-head env RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 "$BIN/ray" start --head --block \
+      --node-ip-address=127.0.0.1 --port="$RAY_PORT" --num-cpus="$RAY_CPUS" --include-dashboard=false \
+      --disable-usage-stats
     start prefect-worker "$BIN/prefect" worker start --pool "$POOL"
     start s3 "$BIN/python" -m grpo_core.s3server "${GRPO_S3_DIR:-$ROOT/.cache/s3}" runs
+    echo "Ray head: $GRPO_RAY_ADDRESS (deployment runs join it)"
     echo "Prefect UI: http://127.0.0.1:$PORT   run: PREFECT_API_URL=$PREFECT_API_URL $BIN/prefect deployment run 'grpo-train/tiny'"
     ;;
   down)
-    for name in prefect-worker s3 prefect-server; do
+    for name in prefect-worker s3 ray-head prefect-server; do
       if running "$name"; then
         pid=$(cat "$STATE/$name.pid"); kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
         for _ in $(seq 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
@@ -54,7 +75,7 @@ case "${1:-}" in
     done
     ;;
   status)
-    for name in prefect-server prefect-worker s3; do
+    for name in prefect-server prefect-worker ray-head s3; do
       if running "$name"; then echo "$name: running (pid $(cat "$STATE/$name.pid"))"; else echo "$name: stopped"; fi
     done
     ;;

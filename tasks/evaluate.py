@@ -14,7 +14,7 @@ from tasks.context import RunContext
 def evaluate(ctx: RunContext, iteration: int) -> dict[str, Any]:
     ev = ctx.cfg.eval
     table, gen = ctx.engines.generate_eval(iteration, ctx.eval_prompts, ev.greedy, ev.samples_per_prompt)
-    results, metrics = score_table(table, ctx.scorer, ctx.cfg.rollout.max_new_tokens)
+    results, metrics = score_table(table, ctx.scorer)
     scored = with_rewards(table, results)
     accuracy = metrics.get("reward_accuracy_mean", metrics["reward_mean"])
     ctx.store.put_table(iteration, "eval.parquet", scored,

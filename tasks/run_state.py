@@ -4,15 +4,17 @@ They are tasks (not plain calls in the flow) so that their I/O gets the flow run
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE
 
-from grpo_core import checkpoint
+from grpo_core import checkpoint, lineage
 from grpo_core.checkpoint import CheckpointRef
 from grpo_core.config import RESUME_SAFE_FIELDS, ConfigError, GRPOConfig, upgrade_stored_config
+from grpo_core.data import files as data_files
 from grpo_core.runs import FINAL_MANIFEST, RunStatus, read_status
 from grpo_core.storage import RunStore
 from tasks.context import RunContext
@@ -56,6 +58,27 @@ def prepare_run(cfg: GRPOConfig, store: RunStore) -> RunPlan:
         status.write(store)
     return RunPlan(status=status, checkpoint=ref, start_iteration=start, config_changes=changes, existed=existed,
                    finished=finished)
+
+
+@dataclass
+class RunInputs:
+    """What a run trains from, fixed at its first start: the starting weights and the data files."""
+
+    weights_folder: str | None          # a local HF folder to start from; None: model.path
+    weights_from: str                   # where they come from, in words
+    data_files: dict[str, list[str]]    # {"train": [...], "eval": [...]}
+
+
+@task(name="resolve-inputs", cache_policy=NONE)
+def resolve_inputs(cfg: GRPOConfig, store: RunStore) -> RunInputs:
+    """Resolve ``model.init_from`` and the data folders/globs once per run (recorded in the run folder, reused by
+    resumes); copy a remote starting policy to ``$GRPO_CACHE_DIR/init_from`` (default ``.cache``)."""
+    opts = cfg.storage.options or None
+    source, _ = lineage.recorded_or_resolved(store, cfg.model.init_from, cfg.storage.root, opts)
+    cache = os.path.join(os.environ.get("GRPO_CACHE_DIR", ".cache"), "init_from")
+    folder = lineage.local_policy_folder(source, cfg.storage.root, opts, cache)
+    files = data_files.recorded_or_resolved(store, {"train": cfg.data.train_path, "eval": cfg.data.eval_path}, opts)
+    return RunInputs(weights_folder=folder, weights_from=lineage.describe(source), data_files=files)
 
 
 @task(name="latest-checkpoint", cache_policy=NONE)

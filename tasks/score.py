@@ -41,7 +41,7 @@ def score(ctx: RunContext, iteration: int, rollout_name: str) -> dict[str, Any]:
         return out
     started = time.perf_counter()
     table = ctx.store.get_table(iteration, rollout_name)
-    results, metrics = score_table(table, ctx.scorer, ctx.cfg.rollout.max_new_tokens)
+    results, metrics = score_table(table, ctx.scorer)
     scored, adv_metrics = add_advantages(with_rewards(table, results), ctx.cfg)
     metrics.update(adv_metrics)
     outside = ctx.store.entry(iteration, INBOX_FILE)

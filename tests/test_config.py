@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from grpo_cli.main import main as cli_main
-from grpo_core.config import ConfigError, build_config, load_config, parse_overrides
+from grpo_core.config import (PLACEHOLDER_TREE, RESUME_SAFE_FIELDS, ConfigError, build_config, load_config,
+                              parse_overrides)
 
 BASE = {"model": {"path": "m"}, "data": {"train_path": "t.jsonl"}}
 
@@ -207,3 +208,28 @@ def test_a_run_written_before_new_fields_existed_resumes_with_their_defaults(tmp
     changed = build_config({**_tree(), "seed": 3}).model_dump(mode="json")
     with pytest.raises(ConfigConflict, match="seed"):
         store.check_config(changed, may_change=RESUME_SAFE_FIELDS, upgrade=upgrade_stored_config)
+
+
+def test_a_run_name_template_takes_the_start_date_and_time():
+    from datetime import datetime, timezone
+
+    night = datetime(2026, 11, 23, 3, 0, 5, tzinfo=timezone.utc)
+    tree = {**PLACEHOLDER_TREE, "run_name": "nightly-{date}"}
+    assert build_config(tree, now=night).run_name == "nightly-20261123"
+    tree["run_name"] = "tiny-{date}-{time}"
+    assert build_config(tree, now=night).run_name == "tiny-20261123-030005"
+    # the same start time (a Prefect retry of the same flow run) gives the same run folder
+    assert build_config(tree, now=night).run_name == build_config(dict(tree), now=night).run_name
+    assert load_config(None, ["run_name=x-{date}"], now=night).run_name == "x-20261123"
+    with pytest.raises(ConfigError, match=r"\{date\} and \{time\} only"):
+        build_config({**tree, "run_name": "x-{hour}"}, now=night)
+    assert build_config({**PLACEHOLDER_TREE, "run_name": "plain"}).run_name == "plain"
+
+
+def test_logging_backends_default_to_tensorboard_and_are_checked():
+    assert load_config(None).logging.backends == ["tensorboard"]
+    with pytest.raises(ConfigError, match="logging.backends"):
+        load_config(None, ["logging.backends=[wandb, wandb]"])
+    with pytest.raises(ConfigError, match="logging.backends"):
+        load_config(None, ["logging.backends=[comet]"])
+    assert "logging" in RESUME_SAFE_FIELDS  # where figures go never changes what a run computes

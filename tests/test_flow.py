@@ -128,3 +128,65 @@ def test_the_prefect_ui_names_the_run_and_shows_its_artifacts(two_iteration_run)
         summary = latest(f"{RUN}-summary").data
         assert result["final_folder"] in summary
     assert sorted(n for n in names if n.startswith("train-")) == ["train-000000", "train-000001"]
+
+
+def test_the_flow_logs_its_own_lines_to_the_ui_and_the_run_folder(two_iteration_run):
+    """The flow's lines (engines ready, one per iteration, the summary) reach the flow run's Logs tab through the
+    Prefect API whatever PREFECT_LOGGING_LEVEL is, and logs/flow.log; the engine actor's output (vLLM, DeepSpeed)
+    goes to logs/policy-0.log instead of the terminal."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, LogFilter, LogFilterFlowRunId
+
+    _, _, run_dir = two_iteration_run
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[RUN])))[0]
+        for _ in range(30):
+            messages = [log.message for log in client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])), limit=200)]
+            if any(m.startswith("total wall time") for m in messages):
+                break
+            time.sleep(1)
+    for wanted in ("engines ready", "iter    1  reward", "total wall time", "starting weights: model.path"):
+        assert any(wanted in m for m in messages), (wanted, messages)
+    flow_log = (run_dir / "logs" / "flow.log").read_text()
+    assert "engines ready" in flow_log and "iter    0  reward" in flow_log
+    actor_log = (run_dir / "logs" / "policy-0.log").read_text()
+    assert actor_log.strip(), "the engine actor's output should be kept in the run folder"
+
+
+def test_metrics_reach_tensorboard_event_files(two_iteration_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, store, run_dir = two_iteration_run
+    rows = store.read_metrics().to_pylist()
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    reward = events.Scalars("reward_mean")
+    assert [e.step for e in reward] == [0, 1]
+    assert [e.value for e in reward] == pytest.approx([r["reward_mean"] for r in rows[:2]], rel=1e-6)
+    assert [e.step for e in events.Scalars("eval_accuracy")] == [0, 1, 2]
+    assert "rollout_started_at" not in events.Tags()["scalars"]  # timestamps are not curves
+
+
+def test_bad_input_fails_the_run_with_file_row_and_field_in_the_ui(tiny_model, tmp_path, prefect_harness):
+    """A dataset row without its answer stops the flow before any engine starts; the flow run's state in the UI
+    (through the API) names the file, the line and the field, and so does status.json."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    from flows.grpo_train import grpo_train
+    from grpo_core.data.readers import DataError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": "What is 1 + 1?", "gt_answer": "2"}\n{"messages": "What is 2 + 2?"}\n')
+    cfg = tiny_config(tiny_model, str(tmp_path / "runs"), run_name="bad-input-test", data__train_path=str(bad))
+    with pytest.raises(DataError, match="line 2"):
+        grpo_train(config=cfg)
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["bad-input-test"])))[0]
+    assert run.state.is_failed()
+    assert str(bad) in run.state.message and "line 2" in run.state.message and "gt_answer" in run.state.message
+    status = json.loads((tmp_path / "runs" / "bad-input-test" / "status.json").read_text())
+    assert status["state"] == "failed" and "line 2" in status["error"]

@@ -6,8 +6,7 @@ import math
 import pytest
 
 from grpo_core.rewards.scorer import Scorer
-from grpo_core.rewards.shaping import (CosineParams, RepetitionParams, SoftOverlongParams, cosine_reward,
-                                       format_reward, repetition_penalty, soft_overlong_penalty)
+from grpo_core.rewards.shaping import CosineParams, RepetitionParams, cosine_reward, format_reward, repetition_penalty
 
 
 def test_format_reward():
@@ -43,33 +42,21 @@ def test_repetition_hand_values():
         RepetitionParams(max_penalty=0.5)
 
 
-def test_soft_overlong_hand_values():
-    params = SoftOverlongParams(cache_length=20)
-    assert soft_overlong_penalty(80, 100, params) == 0.0
-    assert soft_overlong_penalty(90, 100, params) == pytest.approx(-0.5)
-    assert soft_overlong_penalty(100, 100, params) == pytest.approx(-1.0)
-    assert soft_overlong_penalty(101, 100, params) == -1.0
-    assert soft_overlong_penalty(80, 100, SoftOverlongParams()) == pytest.approx(-(80 - 75) / 25)  # default L/4
-    with pytest.raises(ValueError, match="cache_length"):
-        soft_overlong_penalty(1, 10, SoftOverlongParams(cache_length=20))
-
-
 @pytest.mark.timeout(120)
 def test_weighted_sum_through_the_scorer():
-    options = {"cosine": {"max_len": 100}, "repetition": {"ngram_size": 2}, "soft_overlong": {"cache_length": 20}}
-    with Scorer(reward_type="think_answer_tags", rewards=["accuracy", "format", "cosine", "repetition", "soft_overlong"],
-                weights=[1.0, 0.5, 2.0, 1.0, 1.0], num_workers=1, options=options) as scorer:
+    options = {"cosine": {"max_len": 100}, "repetition": {"ngram_size": 2}}
+    with Scorer(reward_type="think_answer_tags", rewards=["accuracy", "format", "cosine", "repetition"],
+                weights=[1.0, 0.5, 2.0, 1.0], num_workers=1, options=options) as scorer:
         completions = ["<think>a b</think><answer>7</answer>", "a b a b <answer>8</answer>"]
-        results = scorer.score(completions, [{"gt_answer": "7"}] * 2, completion_lengths=[50, 90],
-                               max_new_tokens=100)
+        results = scorer.score(completions, [{"gt_answer": "7"}] * 2, completion_lengths=[50, 90])
     first, second = results
     assert first.components == pytest.approx({"accuracy": 1.0, "format": 1.0, "cosine": 0.75,
-                                              "repetition": 0.0, "soft_overlong": 0.0})
+                                              "repetition": 0.0})
     assert first.reward == pytest.approx(1.0 + 0.5 + 2 * 0.75)
     expected_cosine = cosine_reward(False, 90, CosineParams(max_len=100))
     expected_repetition = repetition_penalty(completions[1], RepetitionParams(ngram_size=2))
     assert second.components["cosine"] == pytest.approx(expected_cosine)
-    assert second.reward == pytest.approx(2 * expected_cosine + expected_repetition - 0.5)
+    assert second.reward == pytest.approx(2 * expected_cosine + expected_repetition)
 
 
 def test_configuration_errors_name_the_setting():
@@ -82,6 +69,8 @@ def test_configuration_errors_name_the_setting():
     with pytest.raises(ValueError, match="unknown reward type"):
         Scorer(reward_type="latex")
     with Scorer(rewards=["format"]) as scorer:   # no worker-side reward: no pool needed
-        with pytest.raises(ValueError, match="soft_overlong"):
-            Scorer(rewards=["soft_overlong"]).score(["x"], [{}])
+        with pytest.raises(ValueError, match="soft_overlong.*removed: use algo.soft_overlong"):
+            Scorer(rewards=["accuracy", "soft_overlong"])
+        with pytest.raises(ValueError, match="soft_overlong.*removed"):
+            Scorer(rewards=["accuracy"], options={"soft_overlong": {"cache_length": 4}})
         assert scorer.score(["<think>a</think><answer>1</answer>"], [{}])[0].reward == 1.0

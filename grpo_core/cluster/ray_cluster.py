@@ -10,20 +10,25 @@ import math
 import os
 from typing import Any
 
-# Ray reads this when it is imported: "0" makes a local Ray use 127.0.0.1 as its node address (the default is the
-# machine's external address, so its servers would listen there). Set it to 1 in the environment for a multi-node
-# cluster.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# grpo_core/cluster/__init__.py has set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER before this import (loopback addresses).
 import ray  # noqa: E402
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
 from grpo_core.config import GRPOConfig, RoleResources  # noqa: E402
+from grpo_core.logs import LOGS  # noqa: E402
+from grpo_core.storage import RunStore  # noqa: E402
 
 # Environment every actor inherits: offline hub, caches inside the project, in-process vLLM on loopback.
 _PASSTHROUGH = ("TORCH_EXTENSIONS_DIR", "VLLM_CACHE_ROOT", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                 "VLLM_CPU_KVCACHE_SPACE", "PYTHONPATH", "DS_BUILD_OPS", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 PLACEMENT_TIMEOUT_S = 120.0
+
+
+def on_loopback(cfg: GRPOConfig) -> bool:
+    """Whether the run's Ray is on this machine's loopback: a local Ray of its own or a head at 127.0.0.1."""
+    address = cfg.cluster.ray_address
+    return not address or address.split(":")[0] in ("127.0.0.1", "localhost")
 
 
 def actor_env(threads: int, local: bool) -> dict[str, str]:
@@ -58,7 +63,10 @@ def start_ray(cfg: GRPOConfig) -> dict[str, Any]:
         return ray.cluster_resources()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if cfg.cluster.ray_address:
-        ray.init(address=cfg.cluster.ray_address, log_to_driver=True)
+        # A head on loopback (`grpo stack up`): this driver joins it as 127.0.0.1 too (its default node address is
+        # the machine's external one, where no raylet of that cluster listens).
+        ray.init(address=cfg.cluster.ray_address, log_to_driver=cfg.logging.verbose,
+                 _node_ip_address="127.0.0.1" if on_loopback(cfg) else None)
     else:
         wanted = sum(count * res.num_cpus for _, count, res in _roles(cfg))
         custom: dict[str, float] = {}
@@ -68,7 +76,8 @@ def start_ray(cfg: GRPOConfig) -> dict[str, Any]:
         # "local": always a new cluster of our own (without it ray.init joins any cluster a `ray start` or another
         # run left on this machine); cluster.ray_address="auto" joins that one on purpose.
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), resources=custom or None,
-                 include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False)
+                 include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=cfg.logging.verbose,
+                 configure_logging=False)
     return ray.cluster_resources()
 
 
@@ -99,6 +108,14 @@ def placed_group(res: RoleResources, count: int, name: str, role: str):
     return group
 
 
+def actor_output_file(cfg: GRPOConfig, name: str) -> str | None:
+    """Where an engine actor's stdout and stderr go: ``logs/<name>.log`` of a local run folder, unless
+    ``logging.verbose`` (then Ray forwards them to the terminal) or the run store is remote (Ray's session logs)."""
+    if cfg.logging.verbose:
+        return None
+    return RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options).local_path(f"{LOGS}/{name}.log")
+
+
 def create_engine_actors(cfg: GRPOConfig) -> tuple[list, list, list]:
     """The engine actors of the placement, not yet set up: (samplers, learners, placement groups). Colocated
     actors appear in both lists. Each role is gang-placed with a placement group, which fails with a clear message
@@ -107,7 +124,7 @@ def create_engine_actors(cfg: GRPOConfig) -> tuple[list, list, list]:
     from grpo_core.engine_worker import EngineWorker
 
     actor_cls = ray.remote(EngineWorker)
-    local = not cfg.cluster.ray_address
+    local = on_loopback(cfg)
     samplers, learners, groups = [], [], []
     for role, count, res in _roles(cfg):
         group = placed_group(res, count, f"grpo-{cfg.run_name}-{role}", role)
@@ -121,7 +138,8 @@ def create_engine_actors(cfg: GRPOConfig) -> tuple[list, list, list]:
                                                                      placement_group_bundle_index=i),
                 runtime_env={"env_vars": actor_env(threads, local)},
             ).remote(cfg, sampler_id=i if role in ("policy", "sampler") else None,
-                     learner_rank=i if role in ("policy", "learner") else None)
+                     learner_rank=i if role in ("policy", "learner") else None,
+                     output_file=actor_output_file(cfg, f"{role}-{i}"))
             if role in ("policy", "sampler"):
                 samplers.append(handle)
             if role in ("policy", "learner"):
@@ -139,8 +157,8 @@ def create_sampler_actor(cfg: GRPOConfig, sampler_id: int, group, bundle_index: 
         max_concurrency=1,
         scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group,
                                                              placement_group_bundle_index=bundle_index),
-        runtime_env={"env_vars": actor_env(res.torch_threads or os.cpu_count() or 1, not cfg.cluster.ray_address)},
-    ).remote(cfg, sampler_id=sampler_id, learner_rank=None)
+        runtime_env={"env_vars": actor_env(res.torch_threads or os.cpu_count() or 1, on_loopback(cfg))},
+    ).remote(cfg, sampler_id=sampler_id, learner_rank=None, output_file=actor_output_file(cfg, f"sampler-{sampler_id}"))
 
 
 def node_ip(handle) -> str:

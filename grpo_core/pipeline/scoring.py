@@ -22,11 +22,10 @@ def dataset_rows(table: pa.Table) -> list[dict[str, Any]]:
     return table.select(names).to_pylist()
 
 
-def score_table(table: pa.Table, scorer: Scorer, max_new_tokens: int) -> tuple[list[RewardResult], dict[str, float]]:
+def score_table(table: pa.Table, scorer: Scorer) -> tuple[list[RewardResult], dict[str, float]]:
     completions = table.column("response_text").to_pylist()
     lengths = table.column("response_length").to_pylist()
-    results = scorer.score(completions, dataset_rows(table), completion_lengths=lengths,
-                           max_new_tokens=max_new_tokens)
+    results = scorer.score(completions, dataset_rows(table), completion_lengths=lengths)
     scored = [r.reward for r in results if r.reward is not None]
     metrics = {"reward_mean": sum(scored) / len(scored) if scored else float("nan"),
                "unscored": float(len(results) - len(scored))}

@@ -7,7 +7,6 @@ a message saying which setting is wrong, not in the middle of a training run.
 Options (all optional), keyed by reward name:
     {"cosine": {"min_value_wrong", "max_value_wrong", "min_value_correct", "max_value_correct", "max_len"},
      "repetition": {"ngram_size", "max_penalty"},
-     "soft_overlong": {"cache_length"},
      "plugins": {"name": "module:function" | "path/file.py:function"},   # then use "name" in `rewards`
      "sandbox": {...SandboxLimits fields...},                           # code rewards
      "answer_key": "gt_answer"}                                         # column holding the gold answer
@@ -20,12 +19,15 @@ from typing import Any
 
 from grpo_core.rewards.accuracy import REWARD_TYPES
 from grpo_core.rewards.plugins import is_plugin_spec, load_plugin, plugin_name
-from grpo_core.rewards.shaping import CosineParams, RepetitionParams, SoftOverlongParams
+from grpo_core.rewards.shaping import CosineParams, RepetitionParams
 
 WORKER_REWARDS = ("accuracy",)                                       # computed in worker processes
-LOCAL_REWARDS = ("format", "cosine", "repetition", "soft_overlong")  # cheap, computed in the scorer's process
+LOCAL_REWARDS = ("format", "cosine", "repetition")  # cheap, computed in the scorer's process
 BUILTIN_REWARDS = WORKER_REWARDS + LOCAL_REWARDS
-OPTION_KEYS = ("cosine", "repetition", "soft_overlong", "plugins", "sandbox", "answer_key")
+OPTION_KEYS = ("cosine", "repetition", "plugins", "sandbox", "answer_key")
+# DAPO's soft overlong punishment lives in one place, the algorithm (it once was a reward too, and both could
+# be on at once, punishing twice).
+MOVED = {"soft_overlong": "use algo.soft_overlong (and algo.soft_overlong_cache_length) instead"}
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,6 @@ class RewardPlan:
     plugins: dict[str, str] = field(default_factory=dict)   # component name -> spec, only those in `names`
     cosine: CosineParams = CosineParams()
     repetition: RepetitionParams = RepetitionParams()
-    soft_overlong: SoftOverlongParams = SoftOverlongParams()
     sandbox_limits: dict[str, Any] | None = None
     answer_key: str = "gt_answer"
 
@@ -64,6 +65,9 @@ def build_plan(reward_type: str, rewards: list[str], weights: list[float] | None
     if reward_type not in REWARD_TYPES:
         raise ValueError(f"unknown reward type {reward_type!r}; choose one of {list(REWARD_TYPES)}")
     options = dict(options or {})
+    for name in MOVED:
+        if name in rewards or name in options:
+            raise ValueError(f"the {name!r} reward was removed: {MOVED[name]}")
     unknown = sorted(set(options) - set(OPTION_KEYS))
     if unknown:
         raise ValueError(f"unknown scorer options {unknown}; known: {list(OPTION_KEYS)}")
@@ -117,7 +121,6 @@ def build_plan(reward_type: str, rewards: list[str], weights: list[float] | None
         plugins=plugins,
         cosine=_params(CosineParams, "cosine", options.get("cosine")),
         repetition=_params(RepetitionParams, "repetition", options.get("repetition")),
-        soft_overlong=_params(SoftOverlongParams, "soft_overlong", options.get("soft_overlong")),
         sandbox_limits=sandbox,
         answer_key=answer_key,
     )

@@ -14,8 +14,7 @@ sum, and is not an error (as in TRL). A row where no component applies gets rewa
 Time limits: each worker-side component of a row gets ``timeout_s`` (an alarm in the worker); a worker still busy
 with one row after ``timeout_s * components + grace`` is killed and replaced.
 
-``cosine`` and ``soft_overlong`` use lengths: token counts from ``completion_lengths`` when given (required for
-``soft_overlong``, together with ``max_new_tokens``), otherwise ``cosine`` falls back to characters, as open-r1 does.
+``cosine`` uses lengths: token counts from ``completion_lengths`` when given, otherwise characters, as open-r1 does.
 """
 from __future__ import annotations
 
@@ -70,10 +69,10 @@ class Scorer:
         """How many workers were killed (stuck) or found dead and replaced since the scorer started."""
         return self._pool.replaced if self._pool is not None else 0
 
-    def score(self, completions: list[str], rows: list[dict], *, completion_lengths: list[int] | None = None,
-              max_new_tokens: int | None = None) -> list[RewardResult]:
+    def score(self, completions: list[str], rows: list[dict], *,
+              completion_lengths: list[int] | None = None) -> list[RewardResult]:
         """One RewardResult per completion, in input order."""
-        self._check_inputs(completions, rows, completion_lengths, max_new_tokens)
+        self._check_inputs(completions, rows, completion_lengths)
         if self._pool is not None:
             try:
                 outputs = self._pool.run(list(zip(completions, rows)))
@@ -81,11 +80,10 @@ class Scorer:
                 raise _original_error(error) from error
         else:
             outputs = [{} for _ in completions]
-        return [self._combine(i, completion, outputs[i], completion_lengths, max_new_tokens)
+        return [self._combine(i, completion, outputs[i], completion_lengths)
                 for i, completion in enumerate(completions)]
 
-    def _check_inputs(self, completions: list[str], rows: list[dict], completion_lengths: list[int] | None,
-                      max_new_tokens: int | None) -> None:
+    def _check_inputs(self, completions: list[str], rows: list[dict], completion_lengths: list[int] | None) -> None:
         if len(completions) != len(rows):
             raise ValueError(f"{len(completions)} completions but {len(rows)} rows")
         for index, completion in enumerate(completions):
@@ -93,11 +91,9 @@ class Scorer:
                 raise TypeError(f"completion {index} is {type(completion).__name__}, expected str")
         if completion_lengths is not None and len(completion_lengths) != len(completions):
             raise ValueError(f"{len(completion_lengths)} completion_lengths for {len(completions)} completions")
-        if "soft_overlong" in self.plan.names and (completion_lengths is None or max_new_tokens is None):
-            raise ValueError("the soft_overlong reward needs completion_lengths and max_new_tokens")
 
-    def _combine(self, index: int, completion: str, output: RowOutput, completion_lengths: list[int] | None,
-                 max_new_tokens: int | None) -> RewardResult:
+    def _combine(self, index: int, completion: str, output: RowOutput,
+                 completion_lengths: list[int] | None) -> RewardResult:
         outcomes = _outcomes_of(output, self.plan)
         length = completion_lengths[index] if completion_lengths is not None else len(completion)
         accuracy = outcomes.get(ACCURACY)
@@ -110,9 +106,6 @@ class Scorer:
                 outcome = ComponentOutcome(shaping.format_reward(completion))
             elif name == "repetition":
                 outcome = ComponentOutcome(shaping.repetition_penalty(completion, self.plan.repetition))
-            elif name == "soft_overlong":
-                outcome = ComponentOutcome(
-                    shaping.soft_overlong_penalty(length, max_new_tokens, self.plan.soft_overlong))  # type: ignore[arg-type]
             elif name == "cosine":
                 outcome = _cosine_outcome(accuracy, length, self.plan.cosine)
             if outcome is None:

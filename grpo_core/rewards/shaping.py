@@ -1,4 +1,4 @@
-"""Cheap shaping rewards computed in the scorer's own process: format, cosine length scaling, repetition, overlong.
+"""Cheap shaping rewards computed in the scorer's own process: format, cosine length scaling, repetition.
 
 Why these: they are the common companions of the accuracy reward in R1-style training.
 - ``format``: 1.0 when the completion is ``<think>...</think>`` followed by ``<answer>...</answer>`` (each tag exactly
@@ -10,8 +10,9 @@ Why these: they are the common companions of the accuracy reward in R1-style tra
   max_len). Progress is clipped at 1 (open-r1 lets the cosine turn back up beyond max_len).
 - ``repetition``: open-r1's n-gram penalty: ``(1 - distinct n-grams / n-grams) * max_penalty`` over lower-cased
   whitespace words; 0.0 for text shorter than n words.
-- ``soft_overlong``: DAPO's soft overlong punishment with ``L_max = max_new_tokens`` and ``L_cache = cache_length``:
-  0 up to ``L_max - L_cache`` tokens, then linear down to -1 at ``L_max``, -1 beyond.
+
+DAPO's soft overlong punishment is not a reward here: it is ``algo.soft_overlong`` (``grpo_core.algo.filters``), one
+tensor function applied to the group rewards, sized by ``algo.soft_overlong_cache_length``.
 """
 from __future__ import annotations
 
@@ -48,15 +49,6 @@ class RepetitionParams:
             raise ValueError(f"repetition max_penalty must be <= 0 (it is a penalty), got {self.max_penalty}")
 
 
-@dataclass(frozen=True)
-class SoftOverlongParams:
-    cache_length: int | None = None   # None: a quarter of max_new_tokens
-
-    def __post_init__(self) -> None:
-        if self.cache_length is not None and self.cache_length <= 0:
-            raise ValueError(f"soft_overlong cache_length must be positive, got {self.cache_length}")
-
-
 def format_reward(completion: str) -> float:
     """1.0 for exactly one ``<think>...</think><answer>...</answer>`` structure, else 0.0."""
     if any(completion.count(tag) != 1 for tag in _TAGS):
@@ -82,16 +74,3 @@ def repetition_penalty(completion: str, params: RepetitionParams = RepetitionPar
         return 0.0
     ngrams = list(zip(*(words[offset:] for offset in range(params.ngram_size))))
     return (1.0 - len(set(ngrams)) / len(ngrams)) * params.max_penalty
-
-
-def soft_overlong_penalty(length: int, max_new_tokens: int, params: SoftOverlongParams = SoftOverlongParams()) -> float:
-    """DAPO's length penalty in [-1, 0] for a completion of ``length`` tokens."""
-    cache = params.cache_length if params.cache_length is not None else max_new_tokens // 4
-    if not 0 < cache <= max_new_tokens:
-        raise ValueError(f"soft_overlong cache_length {cache} must be in (0, max_new_tokens={max_new_tokens}]")
-    expected = max_new_tokens - cache
-    if length <= expected:
-        return 0.0
-    if length <= max_new_tokens:
-        return (expected - length) / cache
-    return -1.0

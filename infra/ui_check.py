@@ -1,0 +1,216 @@
+"""`make ui-check`: the operator's console checked end to end, through Prefect's REST API and a real browser.
+
+What a person does, done by a script: `grpo stack up`; a deployment run of `grpo-train/tiny` (a few iterations);
+its artifacts read back through the REST API (progress 100 %, one metrics row per iteration, the evaluation with
+examples, the summary naming the final policy) and its Logs tab holding the flow's lines; headless Chromium
+screenshots of the flow-run page, its Artifacts and Logs tabs and the artifacts themselves, each page's rendered DOM
+checked for what the screenshot should show; two runs of the scheduled deployment `grpo-train/tiny-nightly`, the
+second starting from the first's final policy in a run folder of its own; `grpo stack down`, after which nothing
+the stack started is still running. Screenshots and a report land in runs/ui-check/.
+
+Needs Debian's chromium (`make ui-check` installs it when missing). Nothing outside 127.0.0.1 is contacted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+class CheckFailed(AssertionError):
+    pass
+
+
+def check(condition: bool, what: str) -> None:
+    if not condition:
+        raise CheckFailed(what)
+    print(f"  ok  {what}")
+
+
+class Api:
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+
+    def __call__(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else None
+
+    def run_deployment(self, name: str, extra_overrides: list[str], timeout_s: float) -> dict:
+        """Start a flow run of deployment ``flow/deployment`` with its own parameters plus ``extra_overrides``
+        (later overrides win), wait for it to end."""
+        flow, deployment = name.split("/")
+        dep = self("GET", f"/deployments/name/{flow}/{deployment}")
+        params = dict(dep["parameters"])
+        params["overrides"] = list(params.get("overrides") or []) + extra_overrides
+        run = self("POST", f"/deployments/{dep['id']}/create_flow_run", {"parameters": params})
+        print(f"  started {name}: flow run {run['id']}")
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            run = self("GET", f"/flow_runs/{run['id']}")
+            if run["state_type"] in TERMINAL:
+                return run
+            time.sleep(3)
+        raise CheckFailed(f"{name} did not finish within {timeout_s:.0f}s (state {run['state_type']})")
+
+    def artifacts(self, flow_run_id: str) -> list[dict]:
+        return self("POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}},
+                                                  "limit": 200})
+
+    def logs(self, flow_run_id: str) -> list[str]:
+        return [log["message"] for log in self("POST", "/logs/filter", {
+            "logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200, "sort": "TIMESTAMP_ASC"})]
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        raise CheckFailed("chromium is not installed (`make ui-check` installs Debian's chromium)")
+    return found
+
+
+def browse(url: str, png: Path, budget_ms: int = 20000) -> str:
+    """Screenshot ``url`` into ``png`` and return the rendered DOM (a second load: Chromium does one or the other)."""
+    base = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--hide-scrollbars", "--window-size=1500,1100", f"--virtual-time-budget={budget_ms}"]
+    with tempfile.TemporaryDirectory(prefix="grpo-chromium-") as profile:
+        subprocess.run([*base, f"--user-data-dir={profile}", f"--screenshot={png}", url], check=True,
+                       capture_output=True, timeout=120)
+    with tempfile.TemporaryDirectory(prefix="grpo-chromium-") as profile:
+        dom = subprocess.run([*base, f"--user-data-dir={profile}", "--dump-dom", url], check=True,
+                             capture_output=True, text=True, timeout=120).stdout
+    check(png.is_file() and png.stat().st_size > 20_000, f"screenshot {png.name} ({png.stat().st_size} bytes)")
+    return dom
+
+
+def stack(*args: str) -> str:
+    out = subprocess.run([str(ROOT / ".venv/bin/grpo"), "stack", *args], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode:
+        raise CheckFailed(f"grpo stack {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+    return out.stdout
+
+
+def check_tiny_run(api: Api, ui: str, out: Path, iterations: int, timeout_s: float) -> dict:
+    print("deployment run of grpo-train/tiny")
+    run = api.run_deployment("grpo-train/tiny", [f"iterations={iterations}", "eval.interval=2",
+                                                  "run_name=ui-check-{date}-{time}"], timeout_s)
+    check(run["state_type"] == "COMPLETED", f"flow run {run['name']} completed ({run['state_type']})")
+    name = run["name"]
+    check(name.startswith("ui-check-"), f"the flow run is named after the training run: {name}")
+    check({"preset:grpo", "placement:colocate"} <= set(run["tags"]), f"tags {sorted(run['tags'])}")
+    tasks = {t["name"] for t in api("POST", "/task_runs/filter",
+                                    {"flow_runs": {"id": {"any_": [run["id"]]}}, "limit": 200})}
+    check(f"train-{iterations - 1:06d}" in tasks and "rollout-000000-r0" in tasks,
+          "task runs carry the iteration (rollout-000000-r0, train-...)")
+    arts = {a["key"]: a for a in sorted(api.artifacts(run["id"]), key=lambda a: a["created"])}
+    key = name.lower()
+    check(float(arts[f"{key}-progress"]["data"]) == 100.0, "progress artifact at 100 %")
+    table = arts[f"{key}-metrics"]["data"]
+    table = json.loads(table) if isinstance(table, str) else table
+    check([r["iteration"] for r in table] == list(range(iterations)), f"metrics table has {iterations} rows")
+    evaluation = arts[f"{key}-eval"]["data"]
+    check("**accuracy" in evaluation and "### Best" in evaluation and "### Worst" in evaluation,
+          "evaluation artifact holds the accuracy and best/worst completions")
+    check("final" in arts[f"{key}-summary"]["data"], "summary artifact names the final policy")
+    logs = api.logs(run["id"])
+    for wanted in ("engines ready", "iter    0  reward", "total wall time"):
+        check(any(wanted in m for m in logs), f"Logs tab has '{wanted}'")
+
+    shots = out / name
+    shots.mkdir(parents=True, exist_ok=True)
+    page = f"{ui}/runs/flow-run/{run['id']}"
+    dom = browse(page, shots / "flow-run.png")
+    check(name in dom, "flow-run page shows the run's name")
+    dom = browse(f"{page}?tab=Artifacts", shots / "artifacts-tab.png")
+    check(f"{key}-metrics" in dom and f"{key}-eval" in dom, "Artifacts tab lists the metrics and eval artifacts")
+    dom = browse(f"{page}?tab=Logs", shots / "logs-tab.png")
+    check("engines ready" in dom, "Logs tab shows the flow's lines")
+    for kind in ("metrics", "eval", "summary"):
+        dom = browse(f"{ui}/artifacts/artifact/{arts[f'{key}-{kind}']['id']}", shots / f"artifact-{kind}.png")
+        check(name in dom or key in dom, f"{kind} artifact page renders")
+    return run
+
+
+def check_nightly(api: Api, timeout_s: float) -> list[str]:
+    print("two runs of the scheduled deployment grpo-train/tiny-nightly")
+    names = []
+    for _ in range(2):
+        run = api.run_deployment("grpo-train/tiny-nightly", ["iterations=3", "eval.interval=0"], timeout_s)
+        check(run["state_type"] == "COMPLETED", f"nightly flow run {run['name']} completed")
+        names.append(run["name"])
+        time.sleep(1.1)  # the run name template has one-second resolution
+    first, second = (ROOT / "runs" / n for n in names)
+    check(first != second and first.is_dir() and second.is_dir(), f"each night has its own run folder: {names}")
+    source = json.loads((second / "init_from.json").read_text())
+    check(source["run"] == names[0] and source["folder"] == "final",
+          f"{names[1]} started from {names[0]}'s final policy ({source})")
+    files = json.loads((second / "data_files.json").read_text())["files"]["train"]
+    check(any(f.endswith("data/arith/train.jsonl") for f in files), f"the data glob resolved to {files}")
+    return names
+
+
+def check_down() -> None:
+    import psutil
+
+    print("grpo stack down")
+    pids = {p.stem: int(p.read_text()) for p in (ROOT / ".cache/stack").glob("*.pid")}
+    print(stack("down").strip())
+    time.sleep(2)
+    alive = [f"{name} ({pid})" for name, pid in pids.items() if psutil.pid_exists(pid)
+             and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    check(not alive, f"nothing the stack started is still running ({alive or 'all stopped'})")
+    ours = [p.info["name"] for p in psutil.process_iter(["name", "cmdline"])
+            if any(part in " ".join(p.info["cmdline"] or []) for part in ("prefect worker", "ray start --head",
+                                                                          "prefect server start", "s3server"))]
+    check(not ours, f"no stack process left ({ours or 'none'})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=4)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per deployment run")
+    parser.add_argument("--out", default=str(ROOT / "runs" / "ui-check"))
+    parser.add_argument("--keep-stack", action="store_true", help="leave the stack running at the end")
+    args = parser.parse_args()
+    port = int(os.environ.get("PREFECT_PORT", "4200"))
+    ui, out = f"http://127.0.0.1:{port}", Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    print("grpo stack up")
+    print(stack("up").strip())
+    api = Api(f"{ui}/api")
+    report: dict[str, Any] = {}
+    try:
+        tiny = check_tiny_run(api, ui, out, args.iterations, args.timeout)
+        report["tiny"] = {"flow_run": tiny["id"], "name": tiny["name"]}
+        report["nightly"] = check_nightly(api, args.timeout)
+    finally:
+        if not args.keep_stack:
+            check_down()
+    report["seconds"] = round(time.time() - started, 1)
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    print(f"ui-check passed in {report['seconds']}s; screenshots in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except CheckFailed as failed:
+        print(f"ui-check FAILED: {failed}", file=sys.stderr)
+        sys.exit(1)
