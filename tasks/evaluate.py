@@ -27,9 +27,16 @@ def evaluate(ctx: RunContext, iteration: int) -> dict[str, Any]:
 
 def _examples(scored, count: int = 3) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The ``count`` highest- and lowest-reward completions (for the run's eval artifact in the Prefect UI)."""
-    cols = [c for c in ("prompt_text", "response_text", "gt_answer", "reward") if c in scored.column_names]
+    cols = [c for c in ("messages", "prompt_text", "response_text", "gt_answer", "reward") if c in scored.column_names]
     rows = [dict(zip(cols, values)) for values in zip(*(scored.column(c).to_pylist() for c in cols))]
-    rows = [{"prompt": r.get("prompt_text", ""), "response": r.get("response_text", ""),
+    rows = [{"prompt": _question(r), "response": r.get("response_text", ""),
              "answer": r.get("gt_answer", ""), "reward": r["reward"]} for r in rows if r.get("reward") is not None]
     ranked = sorted(rows, key=lambda r: r["reward"], reverse=True)
     return ranked[:count], ranked[::-1][:count]
+
+
+def _question(row: dict[str, Any]) -> str:
+    """What a reader wants to see of the prompt: the last user turn (the rendered prompt_text starts with the chat
+    template and the system prompt, which would fill the table's column)."""
+    users = [m.get("content", "") for m in row.get("messages") or [] if m.get("role") == "user"]
+    return users[-1] if users else row.get("prompt_text", "")
