@@ -70,7 +70,7 @@ def main() -> None:
     import torch
     import trl
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
     from trl.rewards import get_soft_overlong_punishment
 
@@ -141,6 +141,7 @@ def main() -> None:
     trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=config,
                           train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
                           callbacks=[Timer()])
+    trainer.remove_callback(PrinterCallback)  # one dict per step on stdout: the JSON keeps what counts
     setup_s = time.perf_counter() - t0
     started = time.perf_counter()
     trainer.train()
