@@ -157,9 +157,13 @@ class Learner:
         logp = torch.zeros(pack.shape, dtype=torch.float32, device=dev).index_put(where, tok_logp)
         if entropy == "none":
             return logp, None
-        with torch.set_grad_enabled(entropy == "loss" and torch.is_grad_enabled()):
+        if entropy == "loss":
             tok_ent = entropy_from_logits(logits)
-            return logp, torch.zeros(pack.shape, dtype=torch.float32, device=dev).index_put(where, tok_ent)
+        else:  # the metric, reusing the logsumexp (the output layer's logits are finite: no masking pass)
+            with torch.no_grad():
+                log_p = logits - lse[:, None]
+                tok_ent = -(log_p.exp() * log_p).sum(-1)
+        return logp, torch.zeros(pack.shape, dtype=torch.float32, device=dev).index_put(where, tok_ent)
 
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch, temperature: float | None = None) -> torch.Tensor:
