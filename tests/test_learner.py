@@ -70,6 +70,8 @@ def test_shared_prompt_packing_gives_the_padded_batch_logprobs_and_step(tiny_mod
     assert pack.input_ids.shape[0] == 4 and pack.packed_tokens < batch.input_ids.numel()
     # micro-batches of 4 rows split the groups of 3: a group's rows in two micro-batches are two packs
     packed, plain = _learner(tiny_model, micro=4, accum=3), _learner(tiny_model, micro=4, accum=3, pack=False)
+    first = batch.select(slice(0, 4))
+    assert packed._packing_pays(first, pack_shared_prompts(first))  # the packed path is the one measured
     mask = batch.response_mask.bool()
     lp_packed, lp_plain = packed.logprobs(batch), plain.logprobs(batch)
     assert float((lp_packed - lp_plain)[mask].abs().max()) < 1e-5

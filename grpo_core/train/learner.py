@@ -119,7 +119,9 @@ class Learner:
         ``temperature``: None is the sampling temperature (what the policy loss needs)."""
         temp = self.spec.temperature if temperature is None else temperature
         if self.spec.pack_prompts:
-            return self._packed_logprobs(model, mb, entropy, temp)
+            pack = pack_shared_prompts(mb)
+            if self._packing_pays(mb, pack):
+                return self._packed_logprobs(model, mb, pack, entropy, temp)
         ids = mb.input_ids.to(self.device)
         out = model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device))
         if out.logits.is_cuda and entropy != "loss":
@@ -136,11 +138,26 @@ class Learner:
         with torch.no_grad():
             return logp, entropy_from_logits(scaled)
 
-    def _packed_logprobs(self, model, mb: TokenBatch, entropy: str, temperature: float):
+    def _packing_pays(self, mb: TokenBatch, pack) -> bool:
+        """Whether the packed rows cost fewer FLOPs than the padded batch: per token and layer, the projections
+        (~2 x the layer's weights) plus attention over the row (4 x hidden x row length). A packed row holds G
+        responses, so its attention grows with their total length: long responses on a short prompt pack badly."""
+        cfg = _causal_lm(self.engine).config
+        h = getattr(cfg, "hidden_size", 0) or 0
+        inter = getattr(cfg, "intermediate_size", 4 * h) or 4 * h
+        per_token = 2 * (4 * h * h + 3 * h * inter)
+
+        def cost(rows: int, width: int) -> float:
+            return rows * width * (per_token + 4 * h * width)
+
+        packed = cost(*pack.input_ids.shape)
+        padded = cost(*mb.input_ids.shape)
+        return packed < 0.9 * padded
+
+    def _packed_logprobs(self, model, mb: TokenBatch, pack, entropy: str, temperature: float):
         """``_forward_logprobs`` with each group's prompt computed once (``pack_shared_prompts``) and the output layer
         applied only where a response token is predicted; the values land in the batch's ``[B, L-1]`` space (zero
         elsewhere, as the loss masks them)."""
-        pack = pack_shared_prompts(mb)
         lm = _causal_lm(model)
         dev = self.device
         dtype = next(lm.parameters()).dtype
