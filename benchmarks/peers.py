@@ -205,10 +205,11 @@ def reference_workload(args, work: Path) -> dict:
             "seed": 0, "steps": steps, "lr": 1e-5, "lr_schedule": "constant", "grad_clip": 1.0,
             "micro_batch": shape["micro"], "grad_accum": shape["prompts"] * shape["samples"] // shape["micro"],
             "samples": shape["samples"], "max_new_tokens": shape["new_tokens"], "clip": 0.2, "loss_type": "grpo",
-            "eval_interval": 0, "soft_overlong_cache": 0, "ignore_eos": True, "output_dir": str(work / "trl-out")}
+            "eval_interval": 0, "soft_overlong_cache": 0, "output_dir": str(work / "trl-out")}
     result: dict = {"workload": "reference", "info": info, "shape": shape, "spec": spec, "differences": [
         "generation: TRL uses HF generate in the training process; the project vLLM in a Ray actor",
-        "both sides generate exactly new_tokens per response (the model never emits EOS; TRL: eos_token_id=None)"]}
+        "both sides generate new_tokens per response (the model is built never to emit EOS)",
+        "TRL steps include its HF generate; the project's iteration is rollout + score + train + sync + sync check"]}
     if args.only in (None, "trl"):
         print(f"peers: TRL {TRL_VERSION} GRPOTrainer on the reference workload, {steps} steps ...", flush=True)
         result["trl"] = run_trl(spec, work)

@@ -87,8 +87,6 @@ def main() -> None:
     reward_funcs = [accuracy]
     if spec.get("soft_overlong_cache"):
         reward_funcs.append(get_soft_overlong_punishment(spec["max_new_tokens"], spec["soft_overlong_cache"]))
-    if spec.get("ignore_eos"):  # the reference workload: every response is max_new_tokens long, as in the flow
-        model.generation_config.eos_token_id = None
     config = GRPOConfig(
         output_dir=spec["output_dir"], seed=spec["seed"], use_cpu=True, bf16=False, fp16=False,
         max_steps=spec["steps"], learning_rate=spec["lr"], lr_scheduler_type=spec["lr_schedule"], warmup_steps=0,
