@@ -23,7 +23,7 @@ export PREFECT_LOGGING_LEVEL ?= WARNING
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-e2e ui-check install model lock bench clean stack-up stack-down
+.PHONY: run test test-e2e ui-check install model lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -62,6 +62,12 @@ ui-check: $(STAMP) $(TINY_MODEL)/config.json
 
 bench: $(STAMP) $(TINY_MODEL)/config.json
 	$(BIN)/python benchmarks/iteration.py
+
+# This project against TRL's GRPOTrainer on configs/tiny.yaml (TRL goes into .cache/peers/ on first use);
+# PEERS_ARGS="--workload reference" for the 24M reference shape.
+PEERS_ARGS ?=
+bench-peers: $(STAMP) $(TINY_MODEL)/config.json
+	$(BIN)/python benchmarks/peers.py $(PEERS_ARGS)
 
 # Re-resolve the lock from requirements/cpu.in (needs the registries; not part of run/test).
 lock:

@@ -196,6 +196,10 @@ class TrainConfig(_Section):
     fused_kernels: bool = Field(
         default=False, description="on CUDA: Liger's Triton kernels for RMSNorm, RoPE and SwiGLU in the learner "
                                    "(needs liger-kernel, the [gpu] extra); no effect on CPU")
+    pack_prompts: bool = Field(
+        default=True, description="compute each group's shared prompt once per micro-batch (the G responses attend "
+                                  "to one copy of it) and the output layer only at response tokens; same logprobs "
+                                  "and gradients, a fraction of the tokens when prompts are long against responses")
 
 
 class RoleResources(_Section):

@@ -161,7 +161,8 @@ class EngineWorker:
                 LearnerSpec(model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed,
                             total_steps=cfg.iterations * cfg.optimizer_steps_per_iteration,
                             temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
-                            fused_kernels=cfg.train.fused_kernels, lora=cfg.model.lora),
+                            fused_kernels=cfg.train.fused_kernels, lora=cfg.model.lora,
+                            pack_prompts=cfg.train.pack_prompts),
                 cfg.algo, cfg.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
         self.startup_seconds = time.perf_counter() - started
         return self.info()

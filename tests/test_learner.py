@@ -19,13 +19,13 @@ def _batch(n=8, seed=0):
     return pack_batch(prompts, responses, None, adv, [True] * n, pad_id=0)
 
 
-def _learner(model, micro, accum, **train):
+def _learner(model, micro, accum, pack=True, **train):
     cfg = build_config({"model": {"path": model}, "data": {"train_path": "t"},
                         "rollout": {"prompts_per_iteration": 2, "samples_per_prompt": 4},
                         "algo": {"loss_agg_mode": "token_mean"},
                         "train": {"lr": 1e-2, "micro_batch_size": micro, **train}})
-    return Learner(LearnerSpec(model_path=model, total_steps=10), cfg.algo, cfg.train, micro_batch_size=micro,
-                   grad_accum_steps=accum)
+    return Learner(LearnerSpec(model_path=model, total_steps=10, pack_prompts=pack), cfg.algo, cfg.train,
+                   micro_batch_size=micro, grad_accum_steps=accum)
 
 
 def _weights(learner):
@@ -46,6 +46,52 @@ def test_micro_batch_accumulation_equals_one_big_micro_batch(tiny_model):
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
     initial = _weights(_learner(tiny_model, micro=8, accum=1))
     assert max(float((a[k] - initial[k]).abs().max()) for k in a) > 5e-3  # the step did change the weights
+
+
+def _group_batch(groups=4, samples=3, seed=1):
+    """GRPO-shaped: ``samples`` rows per prompt, responses of different lengths, one row not kept."""
+    g = torch.Generator().manual_seed(seed)
+    prompts, responses = [], []
+    for k in range(groups):
+        prompt = torch.randint(3, 300, (6 + k,), generator=g).tolist()
+        for j in range(samples):
+            prompts.append(prompt)
+            responses.append(torch.randint(3, 300, (1 + (3 * j + k) % 5,), generator=g).tolist() + [2])
+    n = groups * samples
+    adv = torch.randn(n, generator=g).tolist()
+    return pack_batch(prompts, responses, None, adv, [i != 5 for i in range(n)], pad_id=0)
+
+
+def test_shared_prompt_packing_gives_the_padded_batch_logprobs_and_step(tiny_model):
+    from grpo_core.train.batch import pack_shared_prompts
+
+    batch = _group_batch()
+    pack = pack_shared_prompts(batch)
+    assert pack.input_ids.shape[0] == 4 and pack.packed_tokens < batch.input_ids.numel()
+    # micro-batches of 4 rows split the groups of 3: a group's rows in two micro-batches are two packs
+    packed, plain = _learner(tiny_model, micro=4, accum=3), _learner(tiny_model, micro=4, accum=3, pack=False)
+    first = batch.select(slice(0, 4))
+    assert packed._packing_pays(first, pack_shared_prompts(first))  # the packed path is the one measured
+    mask = batch.response_mask.bool()
+    lp_packed, lp_plain = packed.logprobs(batch), plain.logprobs(batch)
+    assert float((lp_packed - lp_plain)[mask].abs().max()) < 1e-5
+    assert bool((lp_packed[mask] < 0).all())
+    # the gradients (Adam's first step is ~lr * sign(g): float noise on gradients that are zero in exact
+    # arithmetic, such as k_proj's bias, would move weights by ~lr either way, so gradients are compared)
+    from transformers import AutoModelForCausalLM
+
+    grads = []
+    for learner in (packed, plain):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model)
+        logp, _ = learner._forward_logprobs(model, batch, entropy="metric")
+        (-(logp * batch.advantages[:, None] * batch.loss_mask).sum() / batch.loss_mask.sum()).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, g in grads[1].items():
+        assert float((grads[0][name] - g).abs().max()) <= 1e-4 * float(g.abs().max()) + 1e-9, name
+    m_packed, m_plain = packed.train_step(batch), plain.train_step(batch)
+    assert m_packed["loss"] == pytest.approx(m_plain["loss"], abs=1e-6)
+    assert m_packed["entropy"] == pytest.approx(m_plain["entropy"], rel=1e-5)
+    assert m_packed["grad_norm"] == pytest.approx(m_plain["grad_norm"], rel=1e-4)
 
 
 def test_epochs_and_mini_batches_make_that_many_optimizer_steps(tiny_model):

@@ -24,7 +24,7 @@ from grpo_core.algo import (
 )
 from grpo_core.checkpoint import Snapshot
 from grpo_core.config import AlgoConfig, LoraConfig, TrainConfig
-from grpo_core.train.batch import TokenBatch, token_logprobs, token_logprobs_and_entropy
+from grpo_core.train.batch import TokenBatch, pack_shared_prompts, token_logprobs, token_logprobs_and_entropy
 
 # DeepSpeed's checkpoint tag: its files live under <checkpoint>/learner/.
 LEARNER_TAG = "learner"
@@ -40,6 +40,7 @@ class LearnerSpec:
     max_new_tokens: int = 256
     fused_kernels: bool = False   # on CUDA: Liger's Triton kernels for RMSNorm, RoPE and SwiGLU (needs liger-kernel)
     lora: LoraConfig | None = None  # train peft LoRA adapters only (the base stays frozen); None: all weights
+    pack_prompts: bool = True     # each group's prompt computed once per micro-batch (train.pack_prompts)
 
 
 def _lr_lambda(train: TrainConfig, total_steps: int):
@@ -116,9 +117,13 @@ class Learner:
     def _forward_logprobs(self, model, mb: TokenBatch, entropy: str = "none", temperature: float | None = None):
         """-> (logprobs [B, L-1], entropy [B, L-1] or None). entropy: "none", "metric" (no grad) or "loss".
         ``temperature``: None is the sampling temperature (what the policy loss needs)."""
+        temp = self.spec.temperature if temperature is None else temperature
+        if self.spec.pack_prompts:
+            pack = pack_shared_prompts(mb)
+            if self._packing_pays(mb, pack):
+                return self._packed_logprobs(model, mb, pack, entropy, temp)
         ids = mb.input_ids.to(self.device)
         out = model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device))
-        temp = self.spec.temperature if temperature is None else temperature
         if out.logits.is_cuda and entropy != "loss":
             # On GPUs the logprobs (with grad) and the entropy metric come from one fused pass that never makes a
             # float32 copy of the [B, L, V] logits (the copies capped the micro-batch and dominated step time on
@@ -132,6 +137,50 @@ class Learner:
             return logp, entropy_from_logits(scaled)
         with torch.no_grad():
             return logp, entropy_from_logits(scaled)
+
+    def _packing_pays(self, mb: TokenBatch, pack) -> bool:
+        """Whether the packed rows cost fewer FLOPs than the padded batch: per token and layer, the projections
+        (~2 x the layer's weights) plus attention over the row (4 x hidden x row length). A packed row holds G
+        responses, so its attention grows with their total length: long responses on a short prompt pack badly."""
+        cfg = _causal_lm(self.engine).config
+        h = getattr(cfg, "hidden_size", 0) or 0
+        inter = getattr(cfg, "intermediate_size", 4 * h) or 4 * h
+        per_token = 2 * (4 * h * h + 3 * h * inter)
+
+        def cost(rows: int, width: int) -> float:
+            return rows * width * (per_token + 4 * h * width)
+
+        packed = cost(*pack.input_ids.shape)
+        padded = cost(*mb.input_ids.shape)
+        return packed < 0.9 * padded
+
+    def _packed_logprobs(self, model, mb: TokenBatch, pack, entropy: str, temperature: float):
+        """``_forward_logprobs`` with each group's prompt computed once (``pack_shared_prompts``) and the output layer
+        applied only where a response token is predicted; the values land in the batch's ``[B, L-1]`` space (zero
+        elsewhere, as the loss masks them)."""
+        lm = _causal_lm(model)
+        dev = self.device
+        dtype = next(lm.parameters()).dtype
+        bias = torch.zeros(pack.attention.shape, dtype=dtype).masked_fill_(~pack.attention, torch.finfo(dtype).min)
+        hidden = lm.get_decoder()(input_ids=pack.input_ids.to(dev), position_ids=pack.position_ids.to(dev),
+                                  attention_mask=bias.to(dev), use_cache=False).last_hidden_state
+        logits = lm.get_output_embeddings()(hidden[pack.src_row.to(dev), pack.src_pos.to(dev)]).float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        targets = pack.targets.to(dev)
+        lse = torch.logsumexp(logits, dim=-1)
+        tok_logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+        where = (pack.dst_row.to(dev), pack.dst_col.to(dev))
+        logp = torch.zeros(pack.shape, dtype=torch.float32, device=dev).index_put(where, tok_logp)
+        if entropy == "none":
+            return logp, None
+        if entropy == "loss":
+            tok_ent = entropy_from_logits(logits)
+        else:  # the metric, reusing the logsumexp (the output layer's logits are finite: no masking pass)
+            with torch.no_grad():
+                log_p = logits - lse[:, None]
+                tok_ent = -(log_p.exp() * log_p).sum(-1)
+        return logp, torch.zeros(pack.shape, dtype=torch.float32, device=dev).index_put(where, tok_ent)
 
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch, temperature: float | None = None) -> torch.Tensor:
@@ -353,6 +402,12 @@ class Learner:
             raise FileNotFoundError(f"{folder}/{LEARNER_TAG}: DeepSpeed found no checkpoint to load")
         _set_rng_state(torch.load(os.path.join(folder, LEARNER_TAG, f"rng-rank-{rank}.pt"), weights_only=False))
         self.version = policy_version
+
+
+def _causal_lm(model):
+    """The HF causal LM inside a DeepSpeed engine and/or a peft wrapper (its submodules carry the LoRA layers)."""
+    model = getattr(model, "module", model)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _with_lora(model, lora: LoraConfig):

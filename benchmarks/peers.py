@@ -1,0 +1,325 @@
+"""This project against TRL's GRPOTrainer, side by side: same model, task and hyperparameters, one after the other.
+
+Two workloads:
+
+* ``tiny`` (default): the built-in task of ``configs/tiny.yaml`` (32 prompts x 8 samples, 16 new tokens, lr 1e-3
+  cosine, clip 0.2, no KL, soft overlong punishment over the last 8 tokens), for the config's ``iterations``.
+  Both sides run a greedy evaluation on ``data/arith/eval.jsonl`` every ``eval.interval`` steps; evaluation time is
+  not training time. Printed: seconds per step (median over steps 1..; step 0 warms up), training seconds until
+  the first greedy evaluation >= ``--target`` (0.8), and the ratios ours / TRL.
+* ``reference``: the 24M-parameter Qwen2 shape of ``benchmarks/iteration.py`` (8 prompts x 8 samples x 128 new
+  tokens, fp32; the model never emits EOS), a few steps each, plus the standalone vLLM generation + plain torch
+  train step that ``iteration.py`` measures (``--no-baselines`` skips them).
+
+TRL runs in its own venv under ``.cache/peers/`` (created on first use: constraints ``torch==<this venv's
+torch>`` and ``transformers<5.20``, then ``pip install trl==TRL_VERSION``; the pip cache makes it about 40 s). What
+differs between the two sides (TRL's generation is HF ``generate``, its prompt order and sampling seeds are its
+own, its accuracy check is integer equality on the last ``\\boxed{}`` where the project uses math-verify) is printed
+with the figures.
+
+    .venv/bin/python benchmarks/peers.py [--workload tiny|reference] [--steps N] [--only ours|trl] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+TRL_VERSION = "1.16.0"
+TRL_VENV = REPO / ".cache/peers/trl-venv"
+ENV_DEFAULTS = {
+    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(REPO / ".cache/hf"),
+    "TORCH_EXTENSIONS_DIR": str(REPO / ".cache/torch_extensions"), "VLLM_CACHE_ROOT": str(REPO / ".cache/vllm"),
+    "PREFECT_HOME": "/tmp/bench-prefect", "PREFECT_LOGGING_LEVEL": "WARNING", "RAY_USAGE_STATS_ENABLED": "0",
+    "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DS_BUILD_OPS": "0",
+}
+for _k, _v in ENV_DEFAULTS.items():
+    os.environ.setdefault(_k, _v)
+# TRL's venv gets the project's loss aggregation under TRL's name for it.
+LOSS_TYPES = {"seq_mean_token_mean": "grpo", "token_mean": "dapo"}
+
+
+# ------------------------------------------------------------------------------------------------ TRL's venv
+
+def ensure_trl_venv() -> Path:
+    """TRL's venv, pinned: created once (about 40 s with a warm pip cache), then reused."""
+    from importlib.metadata import version
+
+    python = TRL_VENV / "bin/python"
+    stamp = TRL_VENV / f".installed-trl-{TRL_VERSION}"
+    if stamp.exists():
+        return python
+    torch_version = version("torch")
+    print(f"peers: installing TRL {TRL_VERSION} into {TRL_VENV} (torch=={torch_version}, first use only) ...",
+          flush=True)
+    TRL_VENV.parent.mkdir(parents=True, exist_ok=True)
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
+    constraints = TRL_VENV.parent / "trl-constraints.txt"
+    constraints.write_text(f"torch=={torch_version}\ntransformers<5.20\n")
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-c",
+                    str(constraints), f"trl=={TRL_VERSION}"], check=True)
+    stamp.touch()
+    return python
+
+
+def run_trl(spec: dict, work: Path) -> dict:
+    python = ensure_trl_venv()
+    spec_path, out_path = work / "trl-spec.json", work / "trl.json"
+    spec_path.write_text(json.dumps(spec))
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    threads = str(os.cpu_count() or 1)
+    env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
+    started = time.perf_counter()
+    proc = subprocess.run([str(python), str(REPO / "benchmarks/peers_trl.py"), "--spec", str(spec_path),
+                           "--out", str(out_path)], env=env, cwd=str(work))
+    wall = time.perf_counter() - started
+    if proc.returncode != 0 or not out_path.exists():
+        return {"error": f"TRL run exited {proc.returncode}", "wall_s": wall}
+    out = json.loads(out_path.read_text())
+    out["wall_s"] = wall
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ ours
+
+def run_ours(config_path: str | None, overrides: list[str], work: Path) -> dict:
+    """``grpo train`` as a user runs it (its own process), then its metrics.parquet."""
+    import pyarrow.parquet as pq
+
+    run_name = "peers"
+    args = [str(REPO / ".venv/bin/grpo"), "train", "--config", config_path,
+            "--set", f"run_name={run_name}", "--set", f"storage.root={work / 'runs'}"]
+    for o in overrides:
+        args += ["--set", o]
+    started = time.perf_counter()
+    proc = subprocess.run(args, cwd=str(REPO), env=dict(os.environ))
+    wall = time.perf_counter() - started
+    metrics_path = work / "runs" / run_name / "metrics.parquet"
+    out: dict = {"wall_s": wall}
+    if proc.returncode != 0:
+        out["error"] = f"grpo train exited {proc.returncode}"
+    if metrics_path.exists():
+        out["metrics"] = pq.read_table(metrics_path).to_pylist()
+    return out
+
+
+def ours_summary(rows: list[dict], target: float) -> dict:
+    """Per-iteration training seconds (the iteration's wall time less its evaluation), the greedy evaluations with
+    the training seconds before each (the row of iteration k evaluates the policy after k updates)."""
+    steps, evals, trained = [], [], 0.0
+    for r in sorted(rows, key=lambda r: r["iteration"]):
+        if r.get("eval_accuracy") is not None:
+            evals.append({"step": r["iteration"], "accuracy": r["eval_accuracy"], "train_seconds": trained})
+        if r.get("time_total_s") is None:
+            continue
+        seconds = r["time_total_s"] - (r.get("time_eval_s") or 0.0)
+        steps.append({"step": r["iteration"] + 1, "seconds": seconds})
+        trained += seconds
+    return summarise(steps, evals, target)
+
+
+def summarise(steps: list[dict], evals: list[dict], target: float) -> dict:
+    steady = [s["seconds"] for s in steps[1:]] or [s["seconds"] for s in steps]
+    hit = next((e for e in evals if e["accuracy"] >= target), None)
+    return {"step_s": statistics.median(steady) if steady else None, "first_step_s": steps[0]["seconds"] if steps
+            else None, "train_s": sum(s["seconds"] for s in steps), "n_steps": len(steps),
+            "target_step": hit["step"] if hit else None, "target_s": hit["train_seconds"] if hit else None,
+            "final_eval": evals[-1]["accuracy"] if evals else None,
+            "best_eval": max((e["accuracy"] for e in evals), default=None),
+            "evals": [(e["step"], round(e["accuracy"], 3)) for e in evals]}
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+# ------------------------------------------------------------------------------------------------ workloads
+
+def tiny_workload(args, work: Path) -> dict:
+    from grpo_core.config import load_config
+    from grpo_core.data.prompts import DEFAULT_SYSTEM_PROMPTS
+
+    overrides = list(args.overrides) + ([f"iterations={args.steps}"] if args.steps else [])
+    cfg = load_config(str(REPO / args.config), overrides)
+    a, ro, tr = cfg.algo, cfg.rollout, cfg.train
+    if a.loss_agg_mode not in LOSS_TYPES:
+        raise SystemExit(f"peers: algo.loss_agg_mode={a.loss_agg_mode} has no TRL loss_type here")
+    spec = {
+        "model_dir": str((REPO / cfg.model.path).resolve()), "train_path": str(REPO / cfg.data.train_path),
+        "eval_path": str(REPO / cfg.data.eval_path) if cfg.data.eval_path else None,
+        "system_prompt": DEFAULT_SYSTEM_PROMPTS[cfg.reward.type] if cfg.data.system_prompt is None
+        else cfg.data.system_prompt,
+        "seed": cfg.seed, "steps": cfg.iterations, "lr": tr.lr, "lr_schedule": tr.lr_schedule,
+        "grad_clip": tr.grad_clip or 0.0, "micro_batch": cfg.micro_batch_size, "grad_accum": cfg.grad_accum_steps,
+        "samples": ro.samples_per_prompt, "max_new_tokens": ro.max_new_tokens, "clip": a.clip_eps_low,
+        "loss_type": LOSS_TYPES[a.loss_agg_mode], "eval_interval": cfg.eval.interval,
+        "soft_overlong_cache": a.soft_overlong_cache_length if a.soft_overlong else 0,
+        "output_dir": str(work / "trl-out"),
+    }
+    result: dict = {"workload": "tiny", "config": args.config, "overrides": overrides, "spec": spec,
+                    "differences": [
+                        "generation: TRL uses HF generate in the training process; the project vLLM in a Ray actor",
+                        "prompt order and sampling seeds: each side's own (same data set, same batch shape)",
+                        "accuracy: TRL side checks the last \\boxed{} as a number; the project uses math-verify",
+                        f"clip: TRL epsilon={a.clip_eps_low} (symmetric); project clip_eps_low/high="
+                        f"{a.clip_eps_low}/{a.clip_eps_high}",
+                        "soft overlong: TRL's get_soft_overlong_punishment reward vs the project's algo.soft_overlong "
+                        "(the same formula, added to the reward on both sides)"]}
+    if args.only in (None, "trl"):
+        print(f"peers: TRL {TRL_VERSION} GRPOTrainer, {cfg.iterations} steps ...", flush=True)
+        result["trl"] = run_trl(spec, work)
+    if args.only in (None, "ours"):
+        print(f"peers: grpo train --config {args.config}, {cfg.iterations} iterations ...", flush=True)
+        result["ours"] = run_ours(str(REPO / args.config), overrides, work)
+    return result
+
+
+def reference_workload(args, work: Path) -> dict:
+    import benchmarks.iteration as bi
+
+    shape = dict(bi.FULL)
+    steps = args.steps or 4
+    info = bi.build_model(work / "model", shape, force_length=True)
+    prompts = bi.encode_prompts(work / "model", shape["prompts"])
+    kv_mb = bi.kv_cache_mb(info, shape["prompts"] * shape["samples"], max(map(len, prompts)) + shape["new_tokens"]
+                           + 16)
+    # The reference workload's train split: its first `prompts` rows (TRL shuffles; every prompt is a question of
+    # the same few tokens, so which ones does not change the work).
+    spec = {"model_dir": str(work / "model"), "train_path": str(bi.TRAIN_PATH), "eval_path": None,
+            "system_prompt": "Please reason step by step, and put your final answer within \\boxed{}.",
+            "seed": 0, "steps": steps, "lr": 1e-5, "lr_schedule": "constant", "grad_clip": 1.0,
+            "micro_batch": shape["micro"], "grad_accum": shape["prompts"] * shape["samples"] // shape["micro"],
+            "samples": shape["samples"], "max_new_tokens": shape["new_tokens"], "clip": 0.2, "loss_type": "grpo",
+            "eval_interval": 0, "soft_overlong_cache": 0, "output_dir": str(work / "trl-out")}
+    result: dict = {"workload": "reference", "info": info, "shape": shape, "spec": spec, "differences": [
+        "generation: TRL uses HF generate in the training process; the project vLLM in a Ray actor",
+        "both sides generate new_tokens per response (the model is built never to emit EOS)",
+        "TRL steps include its HF generate; the project's iteration is rollout + score + train + sync + sync check"]}
+    if args.only in (None, "trl"):
+        print(f"peers: TRL {TRL_VERSION} GRPOTrainer on the reference workload, {steps} steps ...", flush=True)
+        result["trl"] = run_trl(spec, work)
+    if args.only in (None, "ours"):
+        print(f"peers: grpo_train flow on the reference workload, {steps} iterations ...", flush=True)
+        flow = bi.run_flow(work / "model", work / "runs", shape, steps, kv_mb, 0, args.overrides)
+        result["ours"] = {k: v for k, v in flow.items() if k in ("metrics", "engine", "error", "total_s",
+                                                                 "engines_ready_s")}
+        if not args.no_baselines:
+            base = {"model_dir": str(work / "model"), "prompts": prompts, "samples": shape["samples"],
+                    "new_tokens": shape["new_tokens"], "kv_mb": kv_mb, "max_model_len": 512 + shape["new_tokens"],
+                    "micro": shape["micro"], "pad_id": info["pad_id"], "repeats": 2}
+            (work / "baseline.json").write_text(json.dumps(base))
+            print("peers: standalone vLLM generation and torch train step ...", flush=True)
+            result["standalone_gen"] = bi.run_baseline("vllm", work / "baseline.json", work / "vllm.json")
+            result["standalone_train"] = bi.run_baseline("train", work / "baseline.json", work / "train.json")
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+def _f(v, spec: str = ".3f") -> str:
+    return format(v, spec) if isinstance(v, (int, float)) else "n/a"
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "n/a"
+
+
+def report(result: dict, target: float) -> None:
+    print()
+    print("=" * 88)
+    print("command:  " + " ".join([Path(sys.executable).name] + sys.argv))
+    print(f"machine:  {os.cpu_count()} CPU cores, load avg {os.getloadavg()[0]:.2f} (1 min) at the end; "
+          "figures measured while other jobs ran are noisy")
+    print(f"workload: {result['workload']}" + (f" ({result['config']} {' '.join(result['overrides'])})"
+                                                if result["workload"] == "tiny" else ""))
+    trl, ours = result.get("trl", {}), result.get("ours", {})
+    if trl.get("error"):
+        print("TRL FAILED: " + trl["error"])
+    if ours.get("error"):
+        print("OURS FAILED: " + str(ours["error"])[-3000:])
+    rows = [r for r in ours.get("metrics", []) if r.get("time_total_s") is not None]
+    if result["workload"] == "tiny":
+        t = summarise(trl.get("steps", []), trl.get("evals", []), target) if trl.get("steps") else {}
+        o = ours_summary(ours.get("metrics", []), target) if rows else {}
+        print("-" * 88)
+        print(f"{'':<40}{'grpo-flow':>14}{'TRL ' + trl.get('trl_version', TRL_VERSION):>14}{'ratio':>10}")
+        for label, key in (("seconds per step (median, steps 2..)", "step_s"), ("first step s", "first_step_s"),
+                           ("training s, all steps (no eval)", "train_s"),
+                           (f"step of first greedy eval >= {target}", "target_step"),
+                           (f"training s to greedy eval >= {target}", "target_s"),
+                           ("best greedy eval", "best_eval"), ("final greedy eval", "final_eval")):
+            ratio = _ratio(o.get(key), t.get(key)) if key in ("step_s", "train_s", "target_s") else ""
+            print(f"{label:<40}{_f(o.get(key)):>14}{_f(t.get(key)):>14}{ratio:>10}")
+        print(f"{'wall of the whole call s (incl. start-up)':<40}{_f(ours.get('wall_s'), '.1f'):>14}"
+              f"{_f(trl.get('wall_s'), '.1f'):>14}")
+        print(f"evals ours: {o.get('evals')}")
+        print(f"evals TRL:  {t.get('evals')}")
+    else:
+        steps = [s["seconds"] for s in trl.get("steps", [])[1:]] or [s["seconds"] for s in trl.get("steps", [])]
+        t_step = statistics.median(steps) if steps else None
+        steady = [r for r in rows if r["iteration"] >= 1] or rows
+        o_step = _median(steady, "time_total_s")
+        gen, trn = result.get("standalone_gen", {}), result.get("standalone_train", {})
+        g, s = gen.get("generate_s"), trn.get("step_s")
+        print("-" * 88)
+        print(f"{'seconds per step (median, steps 2..)':<44}{'grpo-flow':>12}{_f(o_step):>10}   TRL {_f(t_step)}"
+              f"   ratio {_ratio(o_step, t_step)}")
+        if g and s:
+            print(f"{'standalone vLLM generate + torch train step':<44}{'':>12}{_f(g + s):>10}   "
+                  f"({_f(g)} + {_f(s)}); iteration / standalone {_ratio(o_step, g + s)}")
+        print(f"TRL peak RSS {_f(trl.get('peak_rss_gib'), '.2f')} GiB; steps {[round(x, 2) for x in steps]}")
+    if rows:
+        steady = [r for r in rows if r["iteration"] >= 1] or rows
+        print("-" * 88)
+        print("grpo-flow stage medians (iterations 1..): " + ", ".join(
+            f"{k[5:-2]} {_f(_median(steady, k))}" for k in (
+                "time_rollout_s", "time_score_s", "time_train_s", "time_sync_s", "time_sync_check_s",
+                "time_overhead_s", "time_total_s")))
+    print("differences: " + "; ".join(result["differences"]))
+    print("=" * 88)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=["tiny", "reference"], default="tiny")
+    parser.add_argument("--config", default="configs/tiny.yaml", help="tiny workload: the project's config")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps of each side (tiny: the config's iterations; reference: 4)")
+    parser.add_argument("--target", type=float, default=0.8, help="greedy eval accuracy to reach (tiny)")
+    parser.add_argument("--only", choices=["ours", "trl"], default=None, help="run one side only")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override of the project's side (repeatable)")
+    parser.add_argument("--no-baselines", action="store_true", help="reference: skip the standalone baselines")
+    parser.add_argument("--json", help="also write every figure to this JSON file")
+    parser.add_argument("--keep", action="store_true", help="keep the temp folder")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-peers-", dir="/tmp"))
+    try:
+        result = tiny_workload(args, work) if args.workload == "tiny" else reference_workload(args, work)
+        report(result, args.target)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, default=str, indent=1))
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
