@@ -173,7 +173,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     except EvalError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    table = Table(title=f"{policy.described} (policy version {policy.policy_version})")
+    print(f"policy: {policy.described} (policy version {policy.policy_version})")
+    table = Table()
     for column in ("set", "metric", "value"):
         table.add_column(column, justify="right" if column == "value" else "left")
     for row in metrics_table(result["metrics"]):

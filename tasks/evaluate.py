@@ -28,7 +28,7 @@ def evaluate(ctx: RunContext, iteration: int) -> dict[str, Any]:
             seconds, version = seconds + gen["seconds"], gen["policy_version"]
         m = set_metrics(eval_set, tables.get(GREEDY), tables.get(SAMPLED))
         metrics.update(m)
-        scored = pa.concat_tables(tables.values(), promote_options="default")
+        scored = pa.concat_tables(list(tables.values()), promote_options="default")
         accuracy = m[f"eval/{eval_set.name}/accuracy"]
         ctx.store.put_table(iteration, eval_set.file_name, scored,
                             meta={"accuracy": accuracy, "greedy": spec.greedy, "policy_version": version})

@@ -72,3 +72,24 @@ def test_tiny_code_task_reads_the_split_and_checks_responses_as_text():
     assert not tiny.CODE.correct(tiny.CODE.respond(problem, 1), problem)
     assert tiny.CODE.parsed(tiny.CODE.respond(problem, 1)) and not tiny.CODE.parsed("\\boxed{3}")
     assert tiny.ARITH.correct("\\boxed{5}", 5) and not tiny.ARITH.correct("\\boxed{6}", 5)
+
+
+def test_tiny_code_build_writes_a_loadable_policy_whose_prompts_fit_the_config(tmp_path):
+    """A short build (the real one: `grpo model tiny-code`, `make model-code`): the folder loads with transformers,
+    and every prompt of the task, with the code system prompt, fits configs/tiny-code.yaml's max_prompt_tokens."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from grpo_core.config import load_config
+    from grpo_core.pipeline.prompts import PromptTokenizer
+
+    spec = tiny.TinySpec(**{**tiny.TINY_CODE_SPEC.__dict__, "clean_steps": 2, "noisy_steps": 1, "batch_size": 4})
+    metrics = tiny.build_tiny(tmp_path / "m", task="code", spec=spec, log=lambda _: None)
+    assert metrics["task"] == "code" and json.loads((tmp_path / "m" / "build_metrics.json").read_text())["task"] \
+        == "code"
+    cfg = load_config(DATA.parents[1] / "configs" / "tiny-code.yaml")
+    encoder = PromptTokenizer(AutoTokenizer.from_pretrained(tmp_path / "m"), "code", None, cfg.data.max_prompt_tokens)
+    for split in ("train", "eval"):
+        for row in read_prompts(str(DATA / f"{split}.jsonl"), format="code").rows:
+            encoder.encode(row, split)  # raises DataError if a prompt is longer than max_prompt_tokens
