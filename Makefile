@@ -7,6 +7,7 @@ LOCK := requirements/cpu.lock
 STAMP := $(VENV)/.installed
 CACHE := $(CURDIR)/.cache
 TINY_MODEL := $(CACHE)/models/tiny
+TINY_CODE_MODEL := $(CACHE)/models/tiny-code
 CONFIG ?= configs/tiny.yaml
 PYTEST_ARGS ?=
 
@@ -23,7 +24,7 @@ export PREFECT_LOGGING_LEVEL ?= WARNING
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-e2e ui-check install model lock bench bench-peers clean stack-up stack-down
+.PHONY: run run-code test test-e2e ui-check install model model-code lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -41,10 +42,20 @@ $(TINY_MODEL)/config.json: grpo_core/model/tiny.py data/arith/train.jsonl | $(ST
 
 model: $(TINY_MODEL)/config.json
 
+# The code-RL demo policy (configs/tiny-code.yaml), built on demand like the tiny model.
+$(TINY_CODE_MODEL)/config.json: grpo_core/model/tiny.py grpo_core/data/code_task.py data/code/train.jsonl | $(STAMP)
+	$(BIN)/grpo model tiny-code --out $(TINY_CODE_MODEL)
+
+model-code: $(TINY_CODE_MODEL)/config.json
+
 # Each `make run` is a new run folder runs/tiny-<time>; `grpo train` with an existing run name reuses its
 # complete stage outputs instead.
 run: $(STAMP) $(TINY_MODEL)/config.json
 	$(BIN)/grpo train --config $(CONFIG) --set 'run_name=tiny-{date}-{time}'
+
+# GRPO teaching the tiny policy to write programs that pass their tests in the sandbox.
+run-code: $(STAMP) $(TINY_CODE_MODEL)/config.json
+	$(BIN)/grpo train --config configs/tiny-code.yaml --set run_name=tiny-code-$$(date +%Y%m%d-%H%M%S)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -27,6 +27,7 @@ from rich.console import Console
 from grpo_core.cluster.engines import EngineLost, Engines
 from grpo_core.config import GRPOConfig, build_config, check_model_folder, load_config
 from grpo_core.metric_sinks import MetricSinks
+from grpo_core.pipeline.evaluation import EvalScorers, load_eval_sets
 from grpo_core.pipeline.prompts import PromptStream, PromptTokenizer
 from grpo_core.progress import Progress, iteration_line
 from grpo_core.report import plot_curves, plot_timeline, summary_lines
@@ -80,14 +81,10 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: d
     rounds = 1 + (cfg.algo.max_resample_times if cfg.algo.filter_groups else 0)
     stream = PromptStream(train_set, encoder, batch_size=cfg.rollout.prompts_per_iteration, seed=cfg.seed,
                           shuffle=d.shuffle, rounds_per_iteration=rounds)
-    eval_prompts: list[dict[str, Any]] = []
-    sets = list(train_parts)
-    if files.get("eval") and cfg.eval.interval > 0:
-        eval_parts = read_prompt_files(files["eval"], **read)
-        eval_set = merged(eval_parts)
-        sets.extend(eval_parts)
-        eval_prompts = PromptStream(eval_set, encoder, batch_size=1, seed=0, shuffle=False).all(cfg.eval.max_prompts)
-    skipped = {s.source: [{"row": row, "reason": why} for row, why in s.skipped] for s in sets if s.skipped}
+    sets = [(part.source, part.skipped) for part in train_parts]
+    eval_sets = load_eval_sets(cfg, tokenizer, cfg.storage.options or None, files) if cfg.eval.interval > 0 else []
+    sets += [(s.source, s.skipped) for s in eval_sets]
+    skipped = {source: [{"row": row, "reason": why} for row, why in rows] for source, rows in sets if rows}
     if skipped:  # counted, reported and kept with the run, never dropped silently
         store.put_bytes("skipped_rows.json", json.dumps(skipped, indent=1).encode())
         for source, rows in skipped.items():
@@ -98,7 +95,7 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: d
     scorer = Scorer(reward_type=r.type, rewards=r.rewards, weights=r.weights, num_workers=r.num_workers,
                     timeout_s=r.timeout_s, options=r.options)
     return RunContext(cfg=cfg, store=store, engines=engines, scorer=scorer, train_prompts=stream, status=status,
-                      eval_prompts=eval_prompts)
+                      eval_sets=eval_sets, eval_scorers=EvalScorers(cfg, eval_sets, scorer) if eval_sets else None)
 
 
 @dataclass
@@ -214,6 +211,8 @@ def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> dict[str, Any]:
     finally:
         if ctx is not None:
             ctx.scorer.close()
+            if ctx.eval_scorers is not None:
+                ctx.eval_scorers.close()
             ctx.engines.close()
 
 
@@ -319,7 +318,7 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
     row and evaluation also goes to the run's artifacts in the Prefect UI (``console``)."""
     cfg, store = ctx.cfg, ctx.store
     lag = cfg.rollout.max_staleness
-    do_eval = bool(ctx.eval_prompts) and cfg.eval.interval > 0
+    do_eval = bool(ctx.eval_sets) and cfg.eval.interval > 0
     last_eval: dict[str, Any] | None = None
     batches: dict[int, _Batch] = {}  # collected, not yet trained on (async: up to s ahead)
     with Progress(cfg.iterations, console=terminal, completed=start) as progress:
@@ -336,6 +335,7 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
             if do_eval and it % cfg.eval.interval == 0:
                 last_eval = stages.evaluate(ctx, it)
                 row["eval_accuracy"] = last_eval["accuracy"]
+                row.update(last_eval["metrics"])
                 console.evaluation(it, last_eval)
                 row["time_eval_s"] = time.perf_counter() - t0
             t1 = time.perf_counter()
@@ -419,7 +419,7 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
             last_eval = stages.evaluate(ctx, cfg.iterations)
             console.evaluation(cfg.iterations, last_eval)
             final.update({"eval_accuracy": last_eval["accuracy"], "time_eval_s": time.perf_counter() - t0,
-                          "policy_version": last_eval["policy_version"]})
+                          "policy_version": last_eval["policy_version"], **last_eval["metrics"]})
             stages.record(store, ctx.status, final)
             sinks.log(final)
             print(iteration_line(final))

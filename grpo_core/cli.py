@@ -1,4 +1,4 @@
-"""The library's command line: model, config, score, runs, scale, serve, export (`grpo train` is added by
+"""The library's command line: model, config, data, eval, score, runs, scale, serve, export (`grpo train` is added by
 ``grpo_cli``, above the flows)."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _offline_defaults() -> None:
 def _cmd_model_tiny(args: argparse.Namespace) -> int:
     from grpo_core.model.tiny import build_tiny
 
-    metrics = build_tiny(args.out, train_path=args.train, seed=args.seed)
+    metrics = build_tiny(args.out, train_path=args.train, seed=args.seed, task=args.task)
     print(json.dumps(metrics, indent=2, default=str))
     return 0
 
@@ -153,6 +153,52 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    """A model folder or a run's policy evaluated offline on the config's eval sets."""
+    from contextlib import ExitStack
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from grpo_core.config import load_config
+    from grpo_core.offline_eval import EvalError, evaluate_offline, metrics_table, resolve_policy
+
+    cfg = load_config(args.config, args.set)
+    options = json.loads(args.storage_options) if args.storage_options else (cfg.storage.options or None)
+    try:
+        with ExitStack() as stack:
+            policy = resolve_policy(stack, model=args.model, run=args.run, checkpoint=args.checkpoint,
+                                    root=args.root or cfg.storage.root, storage_options=options)
+            result = evaluate_offline(cfg, policy, args.out)
+    except EvalError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"policy: {policy.described} (policy version {policy.policy_version})")
+    table = Table()
+    for column in ("set", "metric", "value"):
+        table.add_column(column, justify="right" if column == "value" else "left")
+    for row in metrics_table(result["metrics"]):
+        table.add_row(*row)
+    Console().print(table)
+    print(f"{sum(result['rows'].values())} responses in {result['seconds']:.1f}s"
+          + (f"; scored responses and metrics.json in {args.out}" if args.out else ""))
+    return 0
+
+
+def _cmd_data_convert(args: argparse.Namespace) -> int:
+    """A dataset saved with HF `datasets` (or parquet/jsonl) into the math or code format."""
+    from grpo_core.data.convert import convert, write_rows
+
+    result = convert(args.source, args.preset, prompt_key=args.prompt_key, answer_key=args.answer_key,
+                     tests_key=args.tests_key, keep=tuple(args.keep), split=args.split, on_bad_row=args.on_bad_row)
+    write_rows(result.rows, args.out)
+    print(f"converted {len(result.rows)} rows of {result.source} ({args.preset}) -> {args.out}"
+          + (f"; skipped {len(result.skipped)} bad rows:" if result.skipped else ""))
+    for label, reason in result.skipped:
+        print(f"  {label}: {reason}")
+    return 0
+
+
 def _cmd_stack(args: argparse.Namespace) -> int:
     """The local stack of deployments (Prefect server and UI, work pool and worker, S3 server): infra/stack.sh, run
     from the project folder it belongs to."""
@@ -180,7 +226,13 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     t.add_argument("--out", required=True)
     t.add_argument("--train", default="data/arith/train.jsonl")
     t.add_argument("--seed", type=int, default=0)
-    t.set_defaults(func=_cmd_model_tiny)
+    t.set_defaults(func=_cmd_model_tiny, task="arith")
+    t = msub.add_parser("tiny-code", help="build the CPU code-RL demo policy: the tiny Qwen2 warmed up to write "
+                                          "near-miss programs for the built-in stdin/stdout problems (data/code)")
+    t.add_argument("--out", required=True)
+    t.add_argument("--train", default="data/code/train.jsonl")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=_cmd_model_tiny, task="code")
 
     p = sub.add_parser("config", help="print a resolved config (a file, a preset, or both)")
     p.add_argument("--config", help="YAML config file")
@@ -233,6 +285,37 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     p.add_argument("--root", default="runs", help="storage root (a folder or s3://bucket/prefix)")
     p.add_argument("--storage-options", default=None, help="fsspec options as JSON (S3 endpoint, keys)")
     p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("data", help="dataset tools")
+    dsub = p.add_subparsers(dest="data_command", required=True)
+    c = dsub.add_parser("convert", help="convert GSM8K, MATH or a prime-style code set (HF save_to_disk folder, "
+                                        "parquet or jsonl) into the math or code format")
+    c.add_argument("source", help="save_to_disk folder (a Dataset, or a DatasetDict with --split), .parquet, .jsonl")
+    c.add_argument("--preset", required=True, choices=["gsm8k", "math", "code"],
+                   help="gsm8k: question/answer ('#### N'); math: problem/solution (last \\boxed{}); code: "
+                        "prompt/test_cases")
+    c.add_argument("--out", required=True, help="output .jsonl or .parquet")
+    c.add_argument("--split", default=None, help="the split of a DatasetDict folder (train, test, ...)")
+    c.add_argument("--prompt-key", default=None, help="column of the prompt (dotted for nested fields)")
+    c.add_argument("--answer-key", default=None, help="math: column of the answer or solution")
+    c.add_argument("--tests-key", default=None, help="code: column of the tests (e.g. reward_model.ground_truth)")
+    c.add_argument("--keep", action="append", default=[], metavar="COLUMN", help="carry a column over (repeatable)")
+    c.add_argument("--on-bad-row", choices=["error", "skip"], default="error",
+                   help="skip: leave out rows that cannot be converted, counted and listed")
+    c.set_defaults(func=_cmd_data_convert)
+
+    p = sub.add_parser("eval", help="evaluate a model folder or a run's policy offline on the config's eval sets "
+                                    "(eval.datasets or data.eval_path): greedy accuracy and pass@k per set")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="HF model folder")
+    which.add_argument("--run", help="run name: its final policy, or --checkpoint")
+    p.add_argument("--checkpoint", default=None, metavar="iter-N", help="with --run: a committed checkpoint")
+    p.add_argument("--config", required=True, help="YAML config: its eval sets, reward, rollout and data settings")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", default=None, help="folder for eval-<name>.parquet per set and metrics.json")
+    p.add_argument("--root", default=None, help="storage root of --run (default: the config's storage.root)")
+    p.add_argument("--storage-options", default=None, help="fsspec options as JSON (default: the config's)")
+    p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("stack", help="the local deployment stack: Prefect server + UI (127.0.0.1:4200), work pool "
                                      "and worker, S3 server")

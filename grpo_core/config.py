@@ -95,11 +95,70 @@ class RolloutConfig(_Section):
                                      "weights that sampled it; 0: synchronous")
 
 
+class EvalDatasetConfig(_Section):
+    """One named eval set: its file, how to read and score it, and what to measure on it.
+
+    ``greedy``: one greedy response per prompt, its mean accuracy is ``eval/<name>/accuracy``. ``samples`` n > 0:
+    n responses per prompt at the rollout temperature, giving ``eval/<name>/pass@k`` for each k of ``pass_k``
+    (the unbiased estimator of Chen et al. 2021); without greedy, ``accuracy`` is the sampled responses' mean."""
+
+    path: str = Field(description="jsonl, parquet or save_to_disk folder (local or fsspec URL)")
+    reward_type: Literal["boxed", "think_answer_tags", "code"] | None = Field(
+        default=None, description="how its responses are scored (accuracy only); None: reward.type")
+    format: Literal["math", "code"] | None = Field(
+        default=None, description="None: code for reward_type code, else math")
+    prompt_key: str | None = Field(default=None, description="None: data.prompt_key")
+    answer_key: str | None = Field(default=None, description="None: data.answer_key")
+    system_prompt: str | None = Field(
+        default=None, description="None: data.system_prompt if reward_type is the run's reward.type, else the "
+                                  "default system prompt of reward_type; '' for none")
+    greedy: bool = True
+    samples: int = Field(default=0, ge=0, le=1024, description="sampled responses per prompt (0: none)")
+    pass_k: list[int] | None = Field(
+        default=None, description="k values of pass@k, each <= samples; None: 1 and samples")
+    max_prompts: int | None = Field(default=None, ge=1, description="the first N prompts of the file")
+
+    @model_validator(mode="after")
+    def _measures(self) -> "EvalDatasetConfig":
+        if not self.greedy and self.samples == 0:
+            raise ValueError("an eval dataset needs greedy=true or samples > 0 (nothing would be measured)")
+        if self.pass_k is not None:
+            if not self.samples:
+                raise ValueError(f"pass_k={self.pass_k} needs samples >= max(pass_k); samples is 0")
+            bad = [k for k in self.pass_k if not 1 <= k <= self.samples]
+            if bad:
+                raise ValueError(f"pass_k values must lie in 1..samples={self.samples}, got {bad}")
+        return self
+
+    @property
+    def ks(self) -> list[int]:
+        """The k values of pass@k measured on this set (none without samples)."""
+        if not self.samples:
+            return []
+        return sorted(set(self.pass_k if self.pass_k is not None else (1, self.samples)))
+
+
+DEFAULT_EVAL_SET = "default"  # the name of the set that data.eval_path defines
+
+
 class EvalConfig(_Section):
     interval: int = Field(default=5, ge=0, description="evaluate every N iterations (0: never); also before the first")
-    greedy: bool = True
-    max_prompts: int | None = Field(default=None, ge=1)
-    samples_per_prompt: int = Field(default=1, ge=1)
+    greedy: bool = Field(default=True, description="data.eval_path's set: greedy (else samples_per_prompt samples)")
+    max_prompts: int | None = Field(default=None, ge=1, description="data.eval_path's set: the first N prompts")
+    samples_per_prompt: int = Field(default=1, ge=1, description="data.eval_path's set: samples when greedy=false")
+    datasets: dict[str, EvalDatasetConfig] = Field(
+        default_factory=dict, description="named eval sets (instead of data.eval_path), each with its reward type; "
+                                          "metrics eval/<name>/accuracy and eval/<name>/pass@k; the first set's "
+                                          "accuracy is also eval_accuracy")
+
+    @model_validator(mode="after")
+    def _names(self) -> "EvalConfig":
+        import re
+
+        bad = [n for n in self.datasets if not re.fullmatch(r"[A-Za-z0-9._-]+", n)]
+        if bad:
+            raise ValueError(f"eval.datasets names may hold letters, digits, '.', '_' and '-' only: {bad}")
+        return self
 
 
 class RewardConfig(_Section):
@@ -400,6 +459,25 @@ class GRPOConfig(_Section):
             return self
         return self.model_copy(update={"model": self.model.model_copy(update={"path": weights_folder})})
 
+    def eval_sets(self) -> dict[str, EvalDatasetConfig]:
+        """The named eval sets with every default resolved (``data.eval_path`` is the one set "default" then)."""
+        d, sets = self.data, dict(self.eval.datasets)
+        if d.eval_path and not sets:
+            e = self.eval
+            sets[DEFAULT_EVAL_SET] = EvalDatasetConfig(
+                path=d.eval_path, format=d.format, greedy=e.greedy, samples=0 if e.greedy else e.samples_per_prompt,
+                pass_k=None if e.greedy else [1], max_prompts=e.max_prompts)
+        out = {}
+        for name, s in sets.items():
+            reward_type = s.reward_type or self.reward.type
+            system = s.system_prompt if s.system_prompt is not None else (
+                d.system_prompt if reward_type == self.reward.type else None)
+            out[name] = s.model_copy(update={
+                "reward_type": reward_type, "format": s.format or ("code" if reward_type == "code" else "math"),
+                "prompt_key": s.prompt_key or d.prompt_key, "answer_key": s.answer_key or d.answer_key,
+                "system_prompt": system})
+        return out
+
     def is_checkpoint_iteration(self, iteration: int) -> bool:
         """Whether a checkpoint is written after ``iteration``: every ``checkpoint.interval``-th and the last."""
         every = self.checkpoint.interval
@@ -434,6 +512,9 @@ class GRPOConfig(_Section):
                              "reward.rewards must include 'accuracy'")
         self._check_placement()
         self._check_lora()
+        if self.data.eval_path and self.eval.datasets:
+            raise ValueError(f"data.eval_path ({self.data.eval_path}) and eval.datasets are both set: list the "
+                             f"file as one of eval.datasets (e.g. {DEFAULT_EVAL_SET}: {{path: ...}}) instead")
         if self.rollout.max_staleness > 0 and "tis_cap" not in self.algo.model_fields_set:
             self.algo.tis_cap = DEFAULT_ASYNC_TIS_CAP  # stale samplers: correct toward the learner by default
         return self

@@ -21,7 +21,7 @@ import torch
 from grpo_core import checkpoint
 from grpo_core.checkpoint import CheckpointRef, CheckpointWriter, Snapshot
 from grpo_core.config import GRPOConfig
-from grpo_core.data.schemas import rollouts_table
+from grpo_core.data.schemas import sample_rows
 from grpo_core.logs import redirect_process_output
 from grpo_core.rollout.sampler import Sample, SamplerSpec, VLLMSampler
 from grpo_core.storage import RunStore
@@ -461,15 +461,4 @@ class EngineWorker:
     def _rows(self, iteration: int, prompts: list[dict[str, Any]], groups: list[list[Sample]],
               group_offset: int, version: int | None) -> pa.Table:
         """Rollout rows (the typed columns, then each prompt's dataset columns); grouped, in sample order."""
-        rows, columns = [], []
-        for gi, (prompt, samples) in enumerate(zip(prompts, groups)):
-            for si, s in enumerate(samples):
-                rows.append({
-                    "iteration": iteration, "prompt_id": prompt["prompt_id"], "group_id": group_offset + gi,
-                    "sample_idx": si, "prompt_token_ids": prompt["prompt_token_ids"],
-                    "response_token_ids": s.token_ids, "sampler_logprobs": s.logprobs, "response_text": s.text,
-                    "finish_reason": s.finish_reason, "truncated": s.finish_reason == "length",
-                    "response_length": len(s.token_ids), "policy_version": version,
-                    "sampler_id": self.sampler_id})
-                columns.append(prompt.get("columns", {}))
-        return rollouts_table(rows, columns)
+        return sample_rows(iteration, prompts, groups, group_offset, version, self.sampler_id)

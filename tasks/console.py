@@ -51,6 +51,10 @@ def eval_markdown(run_name: str, iteration: int, result: dict[str, Any], history
              f"**accuracy {result['accuracy']:.3f}** ({'greedy' if result['greedy'] else 'sampled'}, "
              f"{result['rows']} responses, policy version {result['policy_version']}, "
              f"mean reward {result['reward_mean']:.3f})", ""]
+    sets = result.get("metrics", {})
+    if len({k.split("/")[1] for k in sets}) > 1 or any("pass@" in k for k in sets):  # named sets, pass@k
+        lines += ["| metric | value |", "|---|---|"] + [f"| `{k}` | {v:.3f} |" for k, v in sets.items()
+                                                         if not k.endswith(("/prompts", "/unscored"))] + [""]
     if history:
         lines += [f"accuracy over evaluations: `{sparkline(history)}` "
                   f"({' → '.join(f'{a:.2f}' for a in history[-8:])})", ""]

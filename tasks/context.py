@@ -11,6 +11,7 @@ from typing import Any
 
 from grpo_core.cluster.engines import Engines
 from grpo_core.config import GRPOConfig
+from grpo_core.pipeline.evaluation import EvalScorers, EvalSet
 from grpo_core.pipeline.prompts import PromptStream
 from grpo_core.rewards.scorer import Scorer
 from grpo_core.runs import RunStatus
@@ -33,7 +34,8 @@ class RunContext:
     scorer: Scorer
     train_prompts: PromptStream
     status: RunStatus
-    eval_prompts: list[dict[str, Any]] = field(default_factory=list)
+    eval_sets: list[EvalSet] = field(default_factory=list)   # the named eval sets, first set first
+    eval_scorers: EvalScorers | None = None                  # an accuracy scorer per eval reward type
     pending_checkpoint: PendingCheckpoint | None = None
     started_at: float = field(default_factory=time.time)  # the flow run's start: stage timestamps count from it
 

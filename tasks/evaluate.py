@@ -1,28 +1,43 @@
-"""Evaluate task: responses on the eval split (greedy by default), scored for accuracy -> eval.parquet."""
+"""Evaluate task: responses on every named eval set (greedy and/or k samples per prompt), scored for accuracy with
+the set's reward type -> ``eval-<name>.parquet`` per set, and the ``eval/<name>/...`` metrics."""
 from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NONE
 
-from grpo_core.pipeline.scoring import score_table, with_rewards
+from grpo_core.pipeline.evaluation import GREEDY, SAMPLED, score_responses, set_metrics
 from tasks.context import RunContext
 
 
 @task(name="evaluate", task_run_name="evaluate-{iteration:06d}", cache_policy=NONE)
 def evaluate(ctx: RunContext, iteration: int) -> dict[str, Any]:
-    ev = ctx.cfg.eval
-    table, gen = ctx.engines.generate_eval(iteration, ctx.eval_prompts, ev.greedy, ev.samples_per_prompt)
-    results, metrics = score_table(table, ctx.scorer)
-    scored = with_rewards(table, results)
-    accuracy = metrics.get("reward_accuracy_mean", metrics["reward_mean"])
-    ctx.store.put_table(iteration, "eval.parquet", scored,
-                        meta={"accuracy": accuracy, "greedy": ev.greedy, "policy_version": gen["policy_version"]})
-    best, worst = _examples(scored)
-    return {"accuracy": accuracy, "reward_mean": metrics["reward_mean"], "rows": scored.num_rows,
-            "greedy": ev.greedy, "seconds": gen["seconds"], "policy_version": gen["policy_version"],
-            "best": best, "worst": worst}
+    """``accuracy`` is the first set's (the run's ``eval_accuracy``); ``metrics`` holds every set's."""
+    metrics: dict[str, float] = {}
+    first: dict[str, Any] | None = None
+    seconds, version = 0.0, None
+    for eval_set in ctx.eval_sets:
+        spec, scorer = eval_set.spec, ctx.eval_scorers.for_type(eval_set.spec.reward_type)
+        tables: dict[str, pa.Table] = {}
+        for mode in ([GREEDY] if spec.greedy else []) + ([SAMPLED] if spec.samples else []):
+            table, gen = ctx.engines.generate_eval(iteration, eval_set.prompts, mode == GREEDY, spec.samples or 1)
+            tables[mode] = score_responses(table, scorer, mode)
+            seconds, version = seconds + gen["seconds"], gen["policy_version"]
+        m = set_metrics(eval_set, tables.get(GREEDY), tables.get(SAMPLED))
+        metrics.update(m)
+        scored = pa.concat_tables(list(tables.values()), promote_options="default")
+        accuracy = m[f"eval/{eval_set.name}/accuracy"]
+        ctx.store.put_table(iteration, eval_set.file_name, scored,
+                            meta={"accuracy": accuracy, "greedy": spec.greedy, "policy_version": version})
+        if first is None:
+            shown = tables[GREEDY] if GREEDY in tables else tables[SAMPLED]
+            best, worst = _examples(shown)
+            rewards = [r for r in shown.column("reward").to_pylist() if r is not None]
+            first = {"accuracy": accuracy, "set": eval_set.name, "greedy": spec.greedy, "best": best, "worst": worst,
+                     "rows": scored.num_rows, "reward_mean": sum(rewards) / len(rewards) if rewards else float("nan")}
+    return {**first, "metrics": metrics, "seconds": seconds, "policy_version": version}
 
 
 def _examples(scored, count: int = 3) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

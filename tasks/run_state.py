@@ -15,6 +15,7 @@ from grpo_core import checkpoint, lineage
 from grpo_core.checkpoint import CheckpointRef
 from grpo_core.config import RESUME_SAFE_FIELDS, ConfigError, GRPOConfig, upgrade_stored_config
 from grpo_core.data import files as data_files
+from grpo_core.pipeline.evaluation import eval_files_key
 from grpo_core.runs import FINAL_MANIFEST, RunStatus, read_status
 from grpo_core.storage import RunStore
 from tasks.context import RunContext
@@ -66,7 +67,7 @@ class RunInputs:
 
     weights_folder: str | None          # a local HF folder to start from; None: model.path
     weights_from: str                   # where they come from, in words
-    data_files: dict[str, list[str]]    # {"train": [...], "eval": [...]}
+    data_files: dict[str, list[str]]    # {"train": [...], "eval:<set>": [...]}
 
 
 @task(name="resolve-inputs", cache_policy=NONE)
@@ -77,7 +78,9 @@ def resolve_inputs(cfg: GRPOConfig, store: RunStore) -> RunInputs:
     source, _ = lineage.recorded_or_resolved(store, cfg.model.init_from, cfg.storage.root, opts)
     cache = os.path.join(os.environ.get("GRPO_CACHE_DIR", ".cache"), "init_from")
     folder = lineage.local_policy_folder(source, cfg.storage.root, opts, cache)
-    files = data_files.recorded_or_resolved(store, {"train": cfg.data.train_path, "eval": cfg.data.eval_path}, opts)
+    specs = {"train": cfg.data.train_path}
+    specs.update({eval_files_key(name): spec.path for name, spec in cfg.eval_sets().items()})
+    files = data_files.recorded_or_resolved(store, specs, opts)
     return RunInputs(weights_folder=folder, weights_from=lineage.describe(source), data_files=files)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -10,6 +11,7 @@ from grpo_cli.main import main as cli_main
 from grpo_core.config import (PLACEHOLDER_TREE, RESUME_SAFE_FIELDS, ConfigError, build_config, load_config,
                               parse_overrides)
 
+ROOT = Path(__file__).resolve().parents[1]
 BASE = {"model": {"path": "m"}, "data": {"train_path": "t.jsonl"}}
 
 
@@ -233,3 +235,51 @@ def test_logging_backends_default_to_tensorboard_and_are_checked():
     with pytest.raises(ConfigError, match="logging.backends"):
         load_config(None, ["logging.backends=[comet]"])
     assert "logging" in RESUME_SAFE_FIELDS  # where figures go never changes what a run computes
+
+
+def test_named_eval_sets_resolve_their_defaults_and_data_eval_path_is_the_default_set():
+    cfg = build_config(_tree(data={"train_path": "t.jsonl", "eval_path": "e.jsonl", "system_prompt": "Be brief."},
+                             eval={"greedy": False, "samples_per_prompt": 4, "max_prompts": 10}))
+    (name, only), = cfg.eval_sets().items()
+    assert name == "default" and only.path == "e.jsonl" and only.reward_type == "boxed" and only.format == "math"
+    assert (only.greedy, only.samples, only.ks, only.max_prompts, only.system_prompt) == (False, 4, [1], 10,
+                                                                                         "Be brief.")
+    cfg = build_config(_tree(data={"train_path": "t.jsonl", "system_prompt": "Be brief."}, eval={"datasets": {
+        "math": {"path": "m.jsonl"},
+        "code": {"path": "c.jsonl", "reward_type": "code", "samples": 8, "greedy": False},
+        "tags": {"path": "t.parquet", "reward_type": "think_answer_tags", "samples": 5, "pass_k": [2, 5, 2]}}}))
+    sets = cfg.eval_sets()
+    assert list(sets) == ["math", "code", "tags"]  # the first set's accuracy is eval_accuracy
+    assert (sets["math"].format, sets["math"].ks, sets["math"].system_prompt) == ("math", [], "Be brief.")
+    assert (sets["code"].format, sets["code"].ks, sets["code"].system_prompt) == ("code", [1, 8], None)
+    assert sets["tags"].ks == [2, 5] and sets["tags"].answer_key == "gt_answer"
+
+
+@pytest.mark.parametrize("eval_section, message", [
+    ({"datasets": {"a": {"path": "a.jsonl", "greedy": False}}}, "needs greedy=true or samples > 0"),
+    ({"datasets": {"a": {"path": "a.jsonl", "samples": 4, "pass_k": [8]}}}, r"1..samples=4, got \[8\]"),
+    ({"datasets": {"a": {"path": "a.jsonl", "pass_k": [1]}}}, "samples is 0"),
+    ({"datasets": {"a b": {"path": "a.jsonl"}}}, "names may hold letters"),
+    ({"datasets": {"a": {"path": "a.jsonl", "reward_type": "regex"}}}, "eval.datasets.a.reward_type"),
+])
+def test_bad_eval_sets_name_the_field(eval_section, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(_tree(eval=eval_section))
+
+
+def test_data_eval_path_and_eval_datasets_together_are_refused():
+    with pytest.raises(ConfigError, match="data.eval_path .* and eval.datasets are both set"):
+        build_config(_tree(data={"train_path": "t.jsonl", "eval_path": "e.jsonl"},
+                           eval={"datasets": {"x": {"path": "x.jsonl"}}}))
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-0.5b-gsm8k.yaml", "qwen2.5-7b-dapo-math.yaml", "tiny-code.yaml"])
+def test_shipped_real_model_and_code_configs_validate(name):
+    """The schema only: the model folders of real-model configs are the user's and need not exist here."""
+    cfg = load_config(ROOT / "configs" / name)
+    assert cfg.eval_sets(), f"{name} evaluates nothing"
+    if name.startswith("qwen2.5-7b"):
+        assert cfg.cluster.placement == "split" and cfg.transport == "broadcast" and cfg.algo.filter_groups
+        assert cfg.train.zero_stage == 3 and cfg.rollout.max_staleness == 1
+    if name.startswith("qwen2.5-0.5b"):
+        assert cfg.cluster.placement == "colocate" and cfg.cluster.learner_resources.num_gpus == 1

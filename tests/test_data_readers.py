@@ -99,6 +99,17 @@ def test_bad_json_line_is_an_error_or_skipped_and_counted(tmp_path):
     assert "expected a JSON object, got list" in prompts.skipped[1][1]
 
 
+def test_line_that_is_not_utf8_is_one_bad_row(tmp_path):
+    path = tmp_path / "bytes.jsonl"
+    path.write_bytes(json.dumps(MATH_ROWS[0]).encode() + b"\n" + b'{"messages": "\xff\xfe"}\n'
+                     + json.dumps(MATH_ROWS[1]).encode() + b"\n")
+    with pytest.raises(DataError, match=r"bytes.jsonl: line 2: not valid UTF-8"):
+        read_prompts(str(path))
+    prompts = read_prompts(str(path), on_bad_row="skip")
+    assert [r["prompt_id"] for r in prompts.rows] == [0, 2]
+    assert prompts.skipped == [(2, "not valid UTF-8 (byte 15 of the line)")]
+
+
 def test_nothing_usable_and_unknown_files_are_errors(tmp_path):
     path = write_jsonl(tmp_path / "allbad.jsonl", [{"messages": "x"}])
     with pytest.raises(DataError, match="no usable rows .1 bad rows skipped"):

@@ -65,6 +65,21 @@ def test_parquet_keeps_columns_and_bad_rows_keep_their_place(tmp_path, capsys):
     assert "'response' is missing" in table.column("reward_error").to_pylist()[1]
 
 
+def test_line_that_is_not_json_is_skipped_counted_and_listed(tmp_path, capsys):
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps(ROWS[0]) + "\n{not json\n\n" + json.dumps(ROWS[2]) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert run_score(parse([str(source), "-o", str(out), "--workers", "1"])) == 2
+    assert "line 2: not valid JSON" in capsys.readouterr().err and not out.exists()
+
+    assert run_score(parse([str(source), "-o", str(out), "--workers", "1", "--on-bad-row", "skip"])) == 0
+    assert "1 of them bad input rows" in capsys.readouterr().out
+    rows = read_jsonl(out)
+    assert [r["reward"] for r in rows] == [1.0, None, 1.0]  # the bad line keeps its place, unscored
+    assert rows[1]["reward_error"].startswith("line 2: not valid JSON")
+    assert rows[2]["id"] == "c"
+
+
 def test_bad_configuration_is_reported_not_raised(tmp_path, capsys):
     source = tmp_path / "in.jsonl"
     source.write_text(json.dumps(ROWS[0]) + "\n")

@@ -77,8 +77,9 @@ def read_prompt_files(paths: list[str], **read: Any) -> list[PromptSet]:
 
 
 def merged(sets: list[PromptSet]) -> PromptSet:
-    """One PromptSet of several files' rows (skipped rows stay listed per file in ``sets``)."""
+    """One PromptSet of several files' rows; a skipped row's reason then starts with its file."""
     if len(sets) == 1:
         return sets[0]
-    return PromptSet(rows=[row for s in sets for row in s.rows], skipped=[],
+    return PromptSet(rows=[row for s in sets for row in s.rows],
+                     skipped=[(row, f"{s.source}: {why}") for s in sets for row, why in s.skipped],
                      source=f"{sets[0].source} (+{len(sets) - 1} more files)")

@@ -81,11 +81,18 @@ def iter_records(path: str, storage_options: dict | None = None) -> Iterator[tup
 
 
 def _jsonl_records(path: str, filesystem: Any, local_path: str) -> Iterator[tuple[str, int, Any]]:
-    with filesystem.open(local_path, "rt", encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    """Lines are decoded one at a time: a line that is not UTF-8 or not JSON is one bad row (skippable), not an
+    unreadable file."""
+    with filesystem.open(local_path, "rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            label = f"line {line_number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                yield label, line_number, _RowProblem(f"not valid UTF-8 (byte {error.start + 1} of the line)")
+                continue
             if not line.strip():
                 continue
-            label = f"line {line_number}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:

@@ -47,6 +47,23 @@ def rollouts_table(rows: list[dict[str, Any]], dataset_columns: list[dict[str, A
     return fixed
 
 
+def sample_rows(iteration: int, prompts: list[dict[str, Any]], groups: list[list[Any]], group_offset: int,
+                version: int | None, sampler_id: int | None) -> pa.Table:
+    """Rollout rows of sampled responses (``groups[i]``: the samples of ``prompts[i]``, each with ``token_ids``,
+    ``logprobs``, ``text``, ``finish_reason``), then each prompt's dataset columns; grouped, in sample order."""
+    rows, columns = [], []
+    for gi, (prompt, samples) in enumerate(zip(prompts, groups)):
+        for si, s in enumerate(samples):
+            rows.append({
+                "iteration": iteration, "prompt_id": prompt["prompt_id"], "group_id": group_offset + gi,
+                "sample_idx": si, "prompt_token_ids": prompt["prompt_token_ids"],
+                "response_token_ids": s.token_ids, "sampler_logprobs": s.logprobs, "response_text": s.text,
+                "finish_reason": s.finish_reason, "truncated": s.finish_reason == "length",
+                "response_length": len(s.token_ids), "policy_version": version, "sampler_id": sampler_id})
+            columns.append(prompt.get("columns", {}))
+    return rollouts_table(rows, columns)
+
+
 def check_schema(table: pa.Table, fields: list[pa.Field], what: str) -> None:
     """Raise naming the first missing or mistyped column."""
     for f in fields:

@@ -10,6 +10,12 @@ truth and greedy decoding is right about half the time. With +1/+2 greedy lands 
 sampling at temperature 1 hits the exact answer now and then, so many groups of 8 samples hold a reward, and GRPO
 only has to learn "shift by -1 or -2", one shared direction that transfers to the held-out eval split.
 
+The code task (``task="code"``, `grpo model tiny-code`) uses the same recipe on the built-in stdin/stdout problems
+(grpo_core/data/code_task.py): the clean phase teaches the correct program, the noisy phase programs whose added
+constant is off by +1 or +2 most of the time. Greedy then writes a program that reads stdin correctly and fails every
+test; sampling sometimes writes the right constant, which only the sandboxed scorer can tell, so GRPO learns correct
+programs from test outcomes alone.
+
 The tokenizer uses Qwen2's normalizer, pre-tokenizer and decoder, so transformers (which loads the folder as
 ``Qwen2Tokenizer``), the `tokenizers` library and vLLM all produce the same ids.
 """
@@ -25,9 +31,10 @@ from typing import Any, Callable
 
 import torch
 
+from grpo_core.data import code_task
 from grpo_core.data.prompts import DEFAULT_SYSTEM_PROMPTS
 from grpo_core.data.readers import DataError, read_prompts
-from grpo_core.rewards.extract import last_boxed_content
+from grpo_core.rewards.extract import last_boxed_content, last_python_block
 
 SYSTEM_PROMPT = DEFAULT_SYSTEM_PROMPTS["boxed"]  # what the rollout puts in front of every prompt
 PAD_TOKEN = "<|endoftext|>"
@@ -136,6 +143,19 @@ def read_questions(path: str | Path) -> list[tuple[str, int]]:
     return rows
 
 
+def read_code_problems(path: str | Path) -> list[tuple[str, code_task.Problem]]:
+    """(user prompt, problem) of each row of a code-format file of built-in problems (grpo_core/data/code_task.py);
+    errors name the file, row and field."""
+    rows = []
+    for row in read_prompts(str(path), format="code").rows:
+        user = row["messages"][-1]["content"]
+        try:
+            rows.append((user, code_task.parse_question(user)))
+        except ValueError as error:
+            raise DataError(f"{path}: row {row['prompt_id']}: field 'messages': {error}") from None
+    return rows
+
+
 def boxed_int(text: str) -> int | None:
     """The integer in the last ``\\boxed{}`` of `text`, or None (the warm-up's own quick check; GRPO's reward uses
     math-verify)."""
@@ -146,7 +166,49 @@ def boxed_int(text: str) -> int | None:
         return None
 
 
+def _program_of(text: str) -> str | None:
+    block = last_python_block(text)
+    return None if block is None else block.strip()
+
+
+@dataclass(frozen=True)
+class TinyTask:
+    """What the warm-up teaches: the rows it reads, the system prompt the rollout will put in front of them, the
+    response to a row with its answer shifted by an offset (0: correct), and a quick check of a response (text
+    only: the build never runs code; GRPO's reward runs programs in the sandbox)."""
+
+    name: str
+    system_prompt: str
+    read: Callable[[Path], list[tuple[str, Any]]]
+    respond: Callable[[Any, int], str]
+    correct: Callable[[str, Any], bool]
+    parsed: Callable[[str], bool]
+    default_train: str
+    corpus_extra: tuple[str, ...] = ()
+
+
+ARITH = TinyTask(
+    name="arith", system_prompt=SYSTEM_PROMPT, read=read_questions,
+    respond=lambda answer, offset: response_text(answer + offset),
+    correct=lambda text, answer: boxed_int(text) == answer,
+    parsed=lambda text: boxed_int(text) is not None, default_train="data/arith/train.jsonl")
+CODE = TinyTask(
+    name="code", system_prompt=DEFAULT_SYSTEM_PROMPTS["code"], read=read_code_problems,
+    respond=lambda problem, offset: problem.response(offset),
+    correct=lambda text, problem: _program_of(text) == problem.program(),
+    parsed=lambda text: _program_of(text) is not None, default_train="data/code/train.jsonl",
+    corpus_extra=tuple(p.response() for p in code_task.all_problems()))
+TASKS = {t.name: t for t in (ARITH, CODE)}
+# The code task's prompts are longer (the code system prompt), its responses 23-27 tokens: a larger vocabulary
+# keeps sequences short, and fewer, smaller steps keep the build near the arithmetic one's time (composing known
+# parts is learnt faster than addition: the clean phase's loss is ~0.01 after 150 steps of 32).
+TINY_CODE_SPEC = TinySpec(max_positions=320, vocab_size=512, clean_steps=150, noisy_steps=100, batch_size=32,
+                          p_exact=0.2, eval_max_new_tokens=40)
+DEFAULT_SPECS = {"arith": TinySpec(), "code": TINY_CODE_SPEC}
+
+
 # ---------------------------------------------------------------- model
+
 
 def build_model(spec: TinySpec, vocab_size: int, eos_id: int, pad_id: int, seed: int):
     """A random fp32 Qwen2ForCausalLM of `spec`'s shape with tied embeddings."""
@@ -166,22 +228,22 @@ def build_model(spec: TinySpec, vocab_size: int, eos_id: int, pad_id: int, seed:
     return Qwen2ForCausalLM(config).float()
 
 
-def _noisy_answer(answer: int, spec: TinySpec, rng: random.Random) -> int:
+def _noisy_offset(spec: TinySpec, rng: random.Random) -> int:
     if rng.random() < spec.p_exact:
-        return answer
-    return answer + rng.choice(spec.offsets)
+        return 0
+    return rng.choice(spec.offsets)
 
 
-def _encode_examples(tokenizer, questions: list[tuple[str, int]], answers: list[int]):
+def _encode_examples(tokenizer, questions: list[tuple[str, Any]], offsets: list[int], task: TinyTask = ARITH):
     """(shared prefix ids [P], right-padded suffix ids [B, T], labels [B, T]).
 
     Every prompt starts with the same system prompt and template text: that common prefix is run once per batch and
     its key/value cache shared, which halves the warm-up's compute. Labels cover the response and its eos only.
     """
     seqs, masks = [], []
-    for (user, _), shown in zip(questions, answers):
-        p = tokenizer.encode(render_prompt(user), add_special_tokens=False)
-        r = tokenizer.encode(response_text(shown), add_special_tokens=False) + [tokenizer.eos_token_id]
+    for (user, target), offset in zip(questions, offsets):
+        p = tokenizer.encode(render_prompt(user, task.system_prompt), add_special_tokens=False)
+        r = tokenizer.encode(task.respond(target, offset), add_special_tokens=False) + [tokenizer.eos_token_id]
         seqs.append(p + r)
         masks.append([0] * len(p) + [1] * len(r))
     common = min(map(len, seqs))
@@ -212,7 +274,8 @@ def _shared_prefix_loss(model, prefix: torch.Tensor, ids: torch.Tensor, labels: 
 
 
 def _warm_up_phase(model, tokenizer, questions, spec: TinySpec, rng: random.Random, *, steps: int, lr: float,
-                   exact: bool, schedule: str, log: Callable[[str], None], name: str) -> list[float]:
+                   exact: bool, schedule: str, log: Callable[[str], None], name: str,
+                   task: TinyTask = ARITH) -> list[float]:
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=spec.weight_decay, betas=(0.9, 0.98))
     warm = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, (lambda s: 1.0) if schedule == "constant" else (
@@ -220,8 +283,8 @@ def _warm_up_phase(model, tokenizer, questions, spec: TinySpec, rng: random.Rand
     losses = []
     for step in range(steps):
         batch = [questions[rng.randrange(len(questions))] for _ in range(spec.batch_size)]
-        shown = [a if exact else _noisy_answer(a, spec, rng) for _, a in batch]
-        loss = _shared_prefix_loss(model, *_encode_examples(tokenizer, batch, shown))
+        offsets = [0 if exact else _noisy_offset(spec, rng) for _ in batch]
+        loss = _shared_prefix_loss(model, *_encode_examples(tokenizer, batch, offsets, task))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -233,8 +296,8 @@ def _warm_up_phase(model, tokenizer, questions, spec: TinySpec, rng: random.Rand
     return losses
 
 
-def warm_up(model, tokenizer, questions: list[tuple[str, int]], spec: TinySpec, seed: int,
-            log: Callable[[str], None] = print) -> float:
+def warm_up(model, tokenizer, questions: list[tuple[str, Any]], spec: TinySpec, seed: int,
+            log: Callable[[str], None] = print, task: TinyTask = ARITH) -> float:
     """Two supervised phases. First `spec.clean_steps` on the true answers (cosine lr): a rule is learnt several
     times faster from clean targets, and it is what lets the policy generalise to held-out pairs. Then
     `spec.noisy_steps` on noisy answers (fresh noise every step, constant `spec.noisy_lr`), which moves the policy's
@@ -242,9 +305,9 @@ def warm_up(model, tokenizer, questions: list[tuple[str, int]], spec: TinySpec, 
     rng = random.Random(seed)
     model.train()
     _warm_up_phase(model, tokenizer, questions, spec, rng, steps=spec.clean_steps, lr=spec.lr, exact=True,
-                   schedule="cosine", log=log, name="exact answers")
+                   schedule="cosine", log=log, name="exact answers", task=task)
     losses = _warm_up_phase(model, tokenizer, questions, spec, rng, steps=spec.noisy_steps, lr=spec.noisy_lr,
-                            exact=False, schedule="constant", log=log, name="noisy answers")
+                            exact=False, schedule="constant", log=log, name="noisy answers", task=task)
     model.eval()
     tail = losses[-20:]
     return sum(tail) / max(1, len(tail))
@@ -252,10 +315,11 @@ def warm_up(model, tokenizer, questions: list[tuple[str, int]], spec: TinySpec, 
 
 @torch.no_grad()
 def generate(model, tokenizer, users: list[str], *, greedy: bool, max_new_tokens: int, seed: int = 0,
-             temperature: float = 1.0) -> list[str]:
+             temperature: float = 1.0, system: str | None = SYSTEM_PROMPT) -> list[str]:
     """Responses to `users` (left-padded batch, HF generate), decoded without special tokens."""
     tokenizer.padding_side = "left"
-    enc = tokenizer([render_prompt(u) for u in users], return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tokenizer([render_prompt(u, system) for u in users], return_tensors="pt", padding=True,
+                    add_special_tokens=False)
     torch.manual_seed(seed)
     kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
     out = model.generate(**enc, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
@@ -263,53 +327,57 @@ def generate(model, tokenizer, users: list[str], *, greedy: bool, max_new_tokens
     return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
-def accuracy(model, tokenizer, questions: list[tuple[str, int]], *, greedy: bool, max_new_tokens: int,
-             seed: int = 0) -> dict[str, float]:
-    """Exact-answer accuracy and the share of parseable boxed answers."""
+def accuracy(model, tokenizer, questions: list[tuple[str, Any]], *, greedy: bool, max_new_tokens: int,
+             seed: int = 0, task: TinyTask = ARITH) -> dict[str, float]:
+    """Exact-answer accuracy (code: the correct program, compared as text) and the share of parseable answers."""
     texts = generate(model, tokenizer, [u for u, _ in questions], greedy=greedy, max_new_tokens=max_new_tokens,
-                     seed=seed)
-    got = [boxed_int(t) for t in texts]
+                     seed=seed, system=task.system_prompt)
     n = len(questions)
-    return {"accuracy": sum(g == a for g, (_, a) in zip(got, questions)) / n,
-            "parseable": sum(g is not None for g in got) / n}
+    return {"accuracy": sum(task.correct(t, target) for t, (_, target) in zip(texts, questions)) / n,
+            "parseable": sum(task.parsed(t) for t in texts) / n}
 
 
-def tokenizer_corpus(questions: list[tuple[str, int]], spec: TinySpec) -> list[str]:
+def tokenizer_corpus(questions: list[tuple[str, Any]], spec: TinySpec, task: TinyTask = ARITH) -> list[str]:
     """Everything the tokenizer must encode well: prompts (with template and system prompt) and responses."""
-    corpus = [SYSTEM_PROMPT, CHAT_TEMPLATE]
-    for user, answer in questions:
-        corpus.append(render_prompt(user))
-        corpus.append(response_text(answer) + IM_END)
+    corpus = [task.system_prompt, CHAT_TEMPLATE]
+    for user, target in questions:
+        corpus.append(render_prompt(user, task.system_prompt))
+        corpus.append(task.respond(target, 0) + IM_END)
+    corpus.extend(task.corpus_extra)
     corpus.extend(str(n) for n in range(0, 1000))
     return corpus
 
 
-def build_tiny(out_dir: str | Path, *, train_path: str | Path = "data/arith/train.jsonl", seed: int = 0,
-               log: Callable[[str], None] = print, spec: TinySpec = TinySpec(),
-               eval_path: str | Path | None = None) -> dict[str, Any]:
-    """Build, warm up and save the demo policy under `out_dir`; returns its metrics.
+def build_tiny(out_dir: str | Path, *, train_path: str | Path | None = None, seed: int = 0,
+               log: Callable[[str], None] = print, spec: TinySpec | None = None,
+               eval_path: str | Path | None = None, task: str = "arith") -> dict[str, Any]:
+    """Build, warm up and save the demo policy of `task` ("arith" or "code") under `out_dir`; returns its metrics.
 
-    The eval split defaults to ``eval.jsonl`` beside `train_path`; its accuracies are reported, never trained on.
+    `train_path` and `spec` default to the task's. The eval split defaults to ``eval.jsonl`` beside `train_path`; its
+    accuracies are reported, never trained on.
     """
     from transformers import GenerationConfig
 
+    if task not in TASKS:
+        raise ValueError(f"unknown tiny task {task!r}; choose one of {sorted(TASKS)}")
+    the_task, spec = TASKS[task], spec or DEFAULT_SPECS[task]
     t0 = time.monotonic()
     torch.manual_seed(seed)
-    train_path = Path(train_path)
+    train_path = Path(train_path if train_path is not None else the_task.default_train)
     eval_path = Path(eval_path) if eval_path is not None else train_path.with_name("eval.jsonl")
-    train = read_questions(train_path)
-    evals = read_questions(eval_path) if eval_path.exists() else []
-    tokenizer = build_tokenizer(tokenizer_corpus(train, spec), spec.vocab_size)
+    train = the_task.read(train_path)
+    evals = the_task.read(eval_path) if eval_path.exists() else []
+    tokenizer = build_tokenizer(tokenizer_corpus(train, spec, the_task), spec.vocab_size)
     model = build_model(spec, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed)
     params = sum(p.numel() for p in model.parameters())
     log(f"tiny Qwen2: {params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
-    loss = warm_up(model, tokenizer, train, spec, seed, log)
-    metrics: dict[str, Any] = {"params": params, "vocab_size": len(tokenizer), "warmup_loss": loss,
+    loss = warm_up(model, tokenizer, train, spec, seed, log, the_task)
+    metrics: dict[str, Any] = {"task": task, "params": params, "vocab_size": len(tokenizer), "warmup_loss": loss,
                                "warmup_seconds": time.monotonic() - t0, "spec": asdict(spec)}
     if evals:
         for mode in ("greedy", "sampled"):
             acc = accuracy(model, tokenizer, evals, greedy=mode == "greedy", max_new_tokens=spec.eval_max_new_tokens,
-                           seed=seed)
+                           seed=seed, task=the_task)
             metrics[f"eval_{mode}_accuracy"] = acc["accuracy"]
             metrics[f"eval_{mode}_parseable"] = acc["parseable"]
     out = Path(out_dir)

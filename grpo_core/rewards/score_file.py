@@ -48,8 +48,8 @@ def run_score(args: argparse.Namespace) -> int:
             raise ScoreInputError("soft_overlong needs token counts, which a response file does not have")
         if not args.output.endswith((".jsonl", ".json", ".parquet")):
             raise ScoreInputError(f"{args.output}: the output must end in .jsonl or .parquet")
-        records, table = _read(args.input)
-        responses, rows, problems = _score_inputs(args, records)
+        records, table, unreadable = _read(args.input, args.on_bad_row)
+        responses, rows, problems = _score_inputs(args, records, unreadable)
         scorer = Scorer(reward_type=args.reward_type, rewards=rewards, weights=weights, num_workers=args.workers,
                         timeout_s=args.timeout, options={"answer_key": args.answer_key})
     except (ScoreInputError, ValueError) as error:  # bad input or a bad reward configuration: say which
@@ -83,39 +83,64 @@ def _weights(text: str | None) -> list[float] | None:
         raise ScoreInputError(f"--reward-weights {text!r}: {error}") from error
 
 
-def _read(path: str) -> tuple[list[dict[str, Any]], Any]:
-    """Records of the input, and the pyarrow table when it is parquet (to keep its column types on output)."""
+def _read(path: str, on_bad_row: str = "error") -> tuple[list[dict[str, Any]], Any, dict[int, str]]:
+    """Records of the input, the pyarrow table when it is parquet (to keep its column types on output), and the
+    records that stand for unreadable lines (--on-bad-row skip: an empty record keeps the line's place, and its
+    index maps to the reason, "line N: not valid JSON ...")."""
     if not os.path.exists(path):
         raise ScoreInputError(f"{path}: no such file")
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
         table = pq.read_table(path)
-        return table.to_pylist(), table
+        return table.to_pylist(), table, {}
     if path.endswith((".jsonl", ".json")):
-        records = []
-        with open(path, encoding="utf-8") as handle:
-            for line_number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise ScoreInputError(f"{path}: line {line_number}: not valid JSON ({error.msg})") from None
-                if not isinstance(record, dict):
-                    raise ScoreInputError(f"{path}: line {line_number}: expected a JSON object")
+        records: list[dict[str, Any]] = []
+        bad: dict[int, str] = {}
+        with open(path, "rb") as handle:
+            for line_number, raw in enumerate(handle, start=1):
+                problem, record = _parse_line(raw)
+                if problem is None and record is None:
+                    continue  # a blank line
+                if problem is not None:
+                    if on_bad_row == "error":
+                        raise ScoreInputError(f"{path}: line {line_number}: {problem}")
+                    bad[len(records)] = f"line {line_number}: {problem}"
+                    record = {}
                 records.append(record)
-        return records, None
+        return records, None, bad
     raise ScoreInputError(f"{path}: expected a .jsonl or .parquet file")
 
 
-def _score_inputs(args: argparse.Namespace, records: list[dict[str, Any]]
+def _parse_line(raw: bytes) -> tuple[str | None, dict[str, Any] | None]:
+    """(problem, record) of one jsonl line; (None, None) for a blank line."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return f"not valid UTF-8 (byte {error.start + 1} of the line)", None
+    if not line.strip():
+        return None, None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        return f"not valid JSON ({error.msg} at column {error.colno})", None
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}", None
+    return None, record
+
+
+def _score_inputs(args: argparse.Namespace, records: list[dict[str, Any]], unreadable: dict[int, str] | None = None
                   ) -> tuple[list[str], list[dict[str, Any]], dict[int, str]]:
-    """Responses and scorer rows; ``problems`` maps a row index to why it is not scored (with --on-bad-row skip)."""
+    """Responses and scorer rows; ``problems`` maps a row index to why it is not scored (with --on-bad-row skip),
+    starting with the ``unreadable`` lines."""
     responses: list[str] = []
     rows: list[dict[str, Any]] = []
-    problems: dict[int, str] = {}
+    problems: dict[int, str] = dict(unreadable or {})
     for index, record in enumerate(records):
+        if index in problems:  # an unreadable line: its place kept, its reason already listed
+            responses.append("")
+            rows.append({})
+            continue
         response = record.get(args.response_key)
         row = dict(record)
         if isinstance(row.get("test_cases"), str):  # parquet files often store test cases as JSON text

@@ -45,7 +45,7 @@ class ExportError(ValueError):
 _NOT_TOKENIZER = (*ADAPTER_FILES, "README.md", "MANIFEST.json", "state.json", "READY")
 
 
-def _policy_folder(store, checkpoint: str | None) -> str:
+def policy_folder(store, checkpoint: str | None) -> str:
     """Run-relative folder of a complete policy: ``final/`` (manifest written last) or a committed checkpoint
     named ``iter-N``."""
     import re
@@ -83,7 +83,7 @@ def export_merged(store, out: str, checkpoint: str | None = None) -> dict:
     cfg = store.read_config()
     if cfg is None:
         raise ExportError(f"{store.uri}: no run there (no config.json)")
-    rel = _policy_folder(store, checkpoint)
+    rel = policy_folder(store, checkpoint)
     files = store.list_files(rel)
     if ADAPTER_CONFIG not in files:
         raise ExportError(f"{store.url(rel)} holds no LoRA adapter (no {ADAPTER_CONFIG}): run {store.run_name} "
