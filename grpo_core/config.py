@@ -584,8 +584,8 @@ class GRPOConfig(_Section):
 # Fields a resumed run may change: they decide how long the run goes on and how it is operated, never what an
 # iteration computes. Raising `iterations` extends a run (the lr schedule then spans the new total from where it is).
 RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "logging", "cluster.ray_address",
-                      "cluster.sampler_resources", "cluster.learner_resources", "cluster.max_actor_restarts", "cluster.servers",
-                      "cluster.server_timeout_s", "cluster.server_retries", "reward.num_workers",
+                      "cluster.sampler_resources", "cluster.learner_resources", "cluster.max_actor_restarts",
+                      "cluster.servers", "cluster.server_timeout_s", "cluster.server_retries", "reward.num_workers",
                       "weights.check_samples", "weights.check_every")
 
 

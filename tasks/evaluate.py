@@ -33,25 +33,20 @@ def evaluate(ctx: RunContext, iteration: int) -> dict[str, Any]:
                             meta={"accuracy": accuracy, "greedy": spec.greedy, "policy_version": version})
         if first is None:
             shown = tables[GREEDY] if GREEDY in tables else tables[SAMPLED]
-            best, worst = _examples(shown)
+            best, worst = _examples(shown, eval_set.questions)
             rewards = [r for r in shown.column("reward").to_pylist() if r is not None]
             first = {"accuracy": accuracy, "set": eval_set.name, "greedy": spec.greedy, "best": best, "worst": worst,
                      "rows": scored.num_rows, "reward_mean": sum(rewards) / len(rewards) if rewards else float("nan")}
     return {**first, "metrics": metrics, "seconds": seconds, "policy_version": version}
 
 
-def _examples(scored, count: int = 3) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The ``count`` highest- and lowest-reward completions (for the run's eval artifact in the Prefect UI)."""
-    cols = [c for c in ("messages", "prompt_text", "response_text", "gt_answer", "reward") if c in scored.column_names]
+def _examples(scored, questions: dict[int, str], count: int = 3) -> tuple[list[dict], list[dict]]:
+    """The ``count`` highest- and lowest-reward completions (for the run's eval artifact in the Prefect UI), each
+    with its question (the last user turn; the rendered prompt_text would show the chat template and system prompt)."""
+    cols = [c for c in ("prompt_id", "prompt_text", "response_text", "gt_answer", "reward") if c in scored.column_names]
     rows = [dict(zip(cols, values)) for values in zip(*(scored.column(c).to_pylist() for c in cols))]
-    rows = [{"prompt": _question(r), "response": r.get("response_text", ""),
-             "answer": r.get("gt_answer", ""), "reward": r["reward"]} for r in rows if r.get("reward") is not None]
+    rows = [{"prompt": questions.get(r.get("prompt_id"), r.get("prompt_text", "")),
+             "response": r.get("response_text", ""), "answer": r.get("gt_answer", ""), "reward": r["reward"]}
+            for r in rows if r.get("reward") is not None]
     ranked = sorted(rows, key=lambda r: r["reward"], reverse=True)
     return ranked[:count], ranked[::-1][:count]
-
-
-def _question(row: dict[str, Any]) -> str:
-    """What a reader wants to see of the prompt: the last user turn (the rendered prompt_text starts with the chat
-    template and the system prompt, which would fill the table's column)."""
-    users = [m.get("content", "") for m in row.get("messages") or [] if m.get("role") == "user"]
-    return users[-1] if users else row.get("prompt_text", "")

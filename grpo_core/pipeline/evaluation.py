@@ -36,6 +36,7 @@ class EvalSet:
     prompts: list[dict[str, Any]]
     source: str
     skipped: list[tuple[int, str]] = field(default_factory=list)
+    questions: dict[int, str] = field(default_factory=dict)  # prompt_id -> its last user turn (what a reader reads)
 
     @property
     def file_name(self) -> str:
@@ -61,8 +62,14 @@ def load_eval_sets(cfg: GRPOConfig, tokenizer, storage_options: dict | None = No
                                            storage_options=storage_options))
         encoder = PromptTokenizer(tokenizer, spec.reward_type, spec.system_prompt, cfg.data.max_prompt_tokens)
         encoded = PromptStream(prompts, encoder, batch_size=1, seed=0, shuffle=False).all(spec.max_prompts)
-        out.append(EvalSet(name=name, spec=spec, prompts=encoded, source=spec.path, skipped=list(prompts.skipped)))
+        out.append(EvalSet(name=name, spec=spec, prompts=encoded, source=spec.path, skipped=list(prompts.skipped),
+                           questions={row["prompt_id"]: _last_user_turn(row["messages"]) for row in prompts.rows}))
     return out
+
+
+def _last_user_turn(messages: list[dict[str, str]]) -> str:
+    users = [m.get("content", "") for m in messages if m.get("role") == "user"]
+    return users[-1] if users else ""
 
 
 class EvalScorers:
