@@ -3,7 +3,7 @@
 ``metrics.parquet`` stays the record a run resumes and reports from; the sinks are copies of its rows for the tools
 people already have open. Each row is logged at ``step = iteration`` with its numeric columns under their
 metrics.parquet names (timestamps ``*_at`` are left out: they are not curves). Offline-safe: W&B runs in offline
-mode unless ``WANDB_MODE`` says otherwise, MLflow writes to ``mlruns/`` in the run folder unless
+mode unless ``WANDB_MODE`` says otherwise, MLflow writes to ``mlflow.db`` (SQLite) in the run folder unless
 ``MLFLOW_TRACKING_URI`` is set; nothing here opens a network connection on its own.
 
 Resume: TensorBoard's ``purge_step`` drops the events of iterations the resumed run redoes; W&B and MLflow resume
@@ -20,6 +20,7 @@ from grpo_core.config import GRPOConfig
 from grpo_core.storage import RunStore
 
 TENSORBOARD = "tensorboard"
+MLFLOW_DB = "mlflow.db"
 _IDS = "tracking_ids.json"  # the W&B / MLflow run ids of this run, so that a resume continues them
 
 
@@ -72,7 +73,9 @@ class TensorBoardSink:
 def _import(name: str):
     try:
         return __import__(name)
-    except ImportError:
+    except ModuleNotFoundError as err:
+        if err.name != name:  # installed but broken: its own error says more than ours
+            raise
         raise MetricSinkError(f"logging.backends includes {name}, but {name} is not installed in this environment: "
                               f"`pip install {name}`, or remove it from logging.backends") from None
 
@@ -97,11 +100,12 @@ class MLflowSink:
     def __init__(self, cfg: GRPOConfig, store: RunStore, ids: dict[str, str]):
         mlflow = _import("mlflow")
         if not os.environ.get("MLFLOW_TRACKING_URI"):
-            local = store.local_path("mlruns")
+            local = store.local_path(MLFLOW_DB)
             if local is None:
                 raise MetricSinkError("logging.backends includes mlflow and the run store is remote: set "
                                       "MLFLOW_TRACKING_URI to your tracking server")
-            mlflow.set_tracking_uri(f"file:{local}")
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            mlflow.set_tracking_uri(f"sqlite:///{local}")  # MLflow 3 retired its plain-folder store
         mlflow.set_experiment(cfg.logging.project)
         self.mlflow = mlflow
         self.run = mlflow.start_run(run_id=ids.get("mlflow"), run_name=None if "mlflow" in ids else cfg.run_name)
