@@ -118,7 +118,9 @@ class Learner:
         """-> (logprobs [B, L-1], entropy [B, L-1] or None). entropy: "none", "metric" (no grad) or "loss".
         ``temperature``: None is the sampling temperature (what the policy loss needs)."""
         temp = self.spec.temperature if temperature is None else temperature
-        if self.spec.pack_prompts:
+        # Not under ZeRO-3: its forward gathers each module's parameters in a collective, so every rank must run the
+        # same modules in the same order (a rank whose rows do not pack would take the other path).
+        if self.spec.pack_prompts and self.train_cfg.zero_stage < 3:
             pack = pack_shared_prompts(mb)
             if self._packing_pays(mb, pack):
                 return self._packed_logprobs(model, mb, pack, entropy, temp)
