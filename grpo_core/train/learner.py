@@ -152,9 +152,9 @@ class Learner:
         def cost(rows: int, width: int) -> float:
             return rows * width * (per_token + 4 * h * width)
 
-        packed = cost(*pack.input_ids.shape)
-        padded = cost(*mb.input_ids.shape)
-        return packed < 0.9 * padded
+        if pack.input_ids.shape[0] >= len(mb):  # no prompt shared by two rows: nothing to save but some padding
+            return False
+        return cost(*pack.input_ids.shape) < 0.9 * cost(*mb.input_ids.shape)
 
     def _packed_logprobs(self, model, mb: TokenBatch, pack, entropy: str, temperature: float):
         """``_forward_logprobs`` with each group's prompt computed once (``pack_shared_prompts``) and the output layer
