@@ -258,7 +258,8 @@ class TrainConfig(_Section):
     pack_prompts: bool = Field(
         default=True, description="compute each group's shared prompt once per micro-batch (the G responses attend "
                                   "to one copy of it) and the output layer only at response tokens; same logprobs "
-                                  "and gradients, a fraction of the tokens when prompts are long against responses")
+                                  "and gradients, a fraction of the tokens when prompts are long against responses "
+                                  "(not under ZeRO-3)")
 
 
 class RoleResources(_Section):

@@ -73,7 +73,8 @@ def test_shared_prompt_packing_gives_the_padded_batch_logprobs_and_step(tiny_mod
     first = batch.select(slice(0, 4))
     assert packed._packing_pays(first, pack_shared_prompts(first))  # the packed path is the one measured
     mask = batch.response_mask.bool()
-    lp_packed, lp_plain = packed.logprobs(batch), plain.logprobs(batch)
+    lp_packed, lp_plain = packed.logprobs(batch, pack=True), plain.logprobs(batch, pack=True)
+    assert float((packed.logprobs(batch) - lp_plain).abs().max()) < 1e-5  # by default: every position, padded
     assert float((lp_packed - lp_plain)[mask].abs().max()) < 1e-5
     assert bool((lp_packed[mask] < 0).all())
     # the gradients (Adam's first step is ~lr * sign(g): float noise on gradients that are zero in exact
@@ -83,7 +84,7 @@ def test_shared_prompt_packing_gives_the_padded_batch_logprobs_and_step(tiny_mod
     grads = []
     for learner in (packed, plain):
         model = AutoModelForCausalLM.from_pretrained(tiny_model)
-        logp, _ = learner._forward_logprobs(model, batch, entropy="metric")
+        logp, _ = learner._forward_logprobs(model, batch, entropy="metric", pack=True)
         (-(logp * batch.advantages[:, None] * batch.loss_mask).sum() / batch.loss_mask.sum()).backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, g in grads[1].items():

@@ -114,11 +114,14 @@ class Learner:
         self.init_seconds = time.perf_counter() - started
 
     # ----------------------------------------------------------------------------------------------- logprobs
-    def _forward_logprobs(self, model, mb: TokenBatch, entropy: str = "none", temperature: float | None = None):
+    def _forward_logprobs(self, model, mb: TokenBatch, entropy: str = "none", temperature: float | None = None,
+                          pack: bool = False):
         """-> (logprobs [B, L-1], entropy [B, L-1] or None). entropy: "none", "metric" (no grad) or "loss".
         ``temperature``: None is the sampling temperature (what the policy loss needs)."""
         temp = self.spec.temperature if temperature is None else temperature
-        if self.spec.pack_prompts:
+        # Not under ZeRO-3: its forward gathers each module's parameters in a collective, so every rank must run the
+        # same modules in the same order (a rank whose rows do not pack would take the other path).
+        if pack and self.spec.pack_prompts and self.train_cfg.zero_stage < 3:
             pack = pack_shared_prompts(mb)
             if self._packing_pays(mb, pack):
                 return self._packed_logprobs(model, mb, pack, entropy, temp)
@@ -150,9 +153,9 @@ class Learner:
         def cost(rows: int, width: int) -> float:
             return rows * width * (per_token + 4 * h * width)
 
-        packed = cost(*pack.input_ids.shape)
-        padded = cost(*mb.input_ids.shape)
-        return packed < 0.9 * padded
+        if pack.input_ids.shape[0] >= len(mb):  # no prompt shared by two rows: nothing to save but some padding
+            return False
+        return cost(*pack.input_ids.shape) < 0.9 * cost(*mb.input_ids.shape)
 
     def _packed_logprobs(self, model, mb: TokenBatch, pack, entropy: str, temperature: float):
         """``_forward_logprobs`` with each group's prompt computed once (``pack_shared_prompts``) and the output layer
@@ -183,12 +186,13 @@ class Learner:
         return logp, torch.zeros(pack.shape, dtype=torch.float32, device=dev).index_put(where, tok_ent)
 
     @torch.no_grad()
-    def logprobs(self, batch: TokenBatch, temperature: float | None = None) -> torch.Tensor:
+    def logprobs(self, batch: TokenBatch, temperature: float | None = None, pack: bool = False) -> torch.Tensor:
         """[B, L-1] logprobs of the current policy, in micro-batches, no grad (at the sampling temperature unless
-        ``temperature`` is given)."""
+        ``temperature`` is given). ``pack``: through ``train.pack_prompts`` where it pays, with values at response
+        tokens only (0 elsewhere); otherwise every position."""
         self.engine.eval()
         parts = [self._forward_logprobs(self.engine, batch.select(slice(i, i + self.micro_batch_size)),
-                                        temperature=temperature)[0].cpu()
+                                        temperature=temperature, pack=pack)[0].cpu()
                  for i in range(0, len(batch), self.micro_batch_size)]
         self.engine.train()
         return _cat_padded(parts)
@@ -199,18 +203,20 @@ class Learner:
         return self.algo.kl_coeff > 0
 
     @torch.no_grad()
-    def ref_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+    def ref_logprobs(self, batch: TokenBatch, pack: bool = False) -> torch.Tensor:
         """[B, L-1] logprobs of the frozen reference model (exists only when algo.kl_coeff > 0). With LoRA the
         reference is the base model itself, run with the adapter disabled (peft), so no second copy is held."""
         if not self.has_reference:
             raise RuntimeError("no reference model: it is loaded only when algo.kl_coeff > 0")
         if self.spec.lora is None:
-            parts = [self._forward_logprobs(self.ref_model, batch.select(slice(i, i + self.micro_batch_size)))[0]
+            parts = [self._forward_logprobs(self.ref_model, batch.select(slice(i, i + self.micro_batch_size)),
+                                            pack=pack)[0]
                      .cpu() for i in range(0, len(batch), self.micro_batch_size)]
             return _cat_padded(parts)
         self.engine.eval()
         with self.engine.module.disable_adapter():
-            parts = [self._forward_logprobs(self.engine, batch.select(slice(i, i + self.micro_batch_size)))[0]
+            parts = [self._forward_logprobs(self.engine, batch.select(slice(i, i + self.micro_batch_size)),
+                                            pack=pack)[0]
                      .cpu() for i in range(0, len(batch), self.micro_batch_size)]
         self.engine.train()
         return _cat_padded(parts)
@@ -241,8 +247,9 @@ class Learner:
         on_policy = self.train_cfg.ppo_epochs == 1 and n_minis == 1
         # Old logprobs once per batch; when the batch makes a single optimizer step they equal the current
         # logprobs, so the extra forward pass is skipped (ratio = 1 exactly, as in verl).
-        old_logp = None if on_policy else self.logprobs(batch)
-        ref_logp = self.ref_logprobs(batch) if self.has_reference else None
+        # Packed (train.pack_prompts): these are read only at response tokens, where packing gives the same values.
+        old_logp = None if on_policy else self.logprobs(batch, pack=True)
+        ref_logp = self.ref_logprobs(batch, pack=True) if self.has_reference else None
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
 
@@ -262,7 +269,7 @@ class Learner:
                     mb = mini_batch.select(idx)
                     mask = mb.loss_mask.to(self.device)
                     logp, entropy = self._forward_logprobs(
-                        self.engine, mb, entropy="loss" if self.algo.entropy_coeff > 0 else "metric")
+                        self.engine, mb, entropy="loss" if self.algo.entropy_coeff > 0 else "metric", pack=True)
                     width = logp.shape[1]
                     mb_old = logp.detach() if old_logp is None else \
                         old_logp[mini_idx][idx][:, :width].to(self.device)
