@@ -10,12 +10,14 @@ import re
 import pytest
 import yaml
 
+from prefect.utilities.templating import apply_values
+
 from grpo_core.config import load_config
 from tests.conftest import REPO
 
 
 @pytest.mark.parametrize("spec_file", ["deployments/prefect.yaml", "infra/prefect.yaml"])
-def test_deployments_point_at_the_flow_with_retries(spec_file):
+def test_deployments_point_at_the_flow_with_retries(spec_file, monkeypatch):
     spec = yaml.safe_load((REPO / spec_file).read_text())
     assert spec["deployments"]
     for dep in spec["deployments"]:
@@ -24,8 +26,33 @@ def test_deployments_point_at_the_flow_with_retries(spec_file):
         flow = getattr(module, attr)
         assert flow.name == "grpo-train", dep["name"]
         assert flow.retries >= 1 and flow.retry_delay_seconds > 0, dep["name"]
-        params = dep["parameters"]
-        load_config(REPO / params["config_path"], params.get("overrides") or [])
+        # `prefect deploy` fills {{ $VAR }} from the environment (grpo stack up sets GRPO_RAY_ADDRESS)
+        monkeypatch.setenv("GRPO_RAY_ADDRESS", "127.0.0.1:6380")
+        params = apply_values(dep["parameters"], {}, remove_notset=False)
+        cfg = load_config(REPO / params["config_path"], params.get("overrides") or [])
+        if spec_file == "deployments/prefect.yaml":
+            assert cfg.cluster.ray_address == "127.0.0.1:6380", dep["name"]
+
+
+def test_an_unresolved_ray_address_template_is_refused_with_what_to_do():
+    from grpo_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unresolved deployment template.*GRPO_RAY_ADDRESS"):
+        load_config(REPO / "configs/tiny.yaml", ["cluster.ray_address='{{ $GRPO_RAY_ADDRESS }}'"])
+
+
+def test_the_nightly_deployment_retrains_from_the_last_night_in_a_folder_of_its_own(monkeypatch):
+    from datetime import datetime, timezone
+
+    spec = yaml.safe_load((REPO / "deployments/prefect.yaml").read_text())
+    nightly = next(d for d in spec["deployments"] if d["name"] == "tiny-nightly")
+    assert nightly["schedules"][0]["cron"]
+    monkeypatch.setenv("GRPO_RAY_ADDRESS", "127.0.0.1:6380")
+    params = apply_values(nightly["parameters"], {}, remove_notset=False)
+    night = datetime(2026, 11, 24, 3, 0, 0, tzinfo=timezone.utc)
+    cfg = load_config(REPO / params["config_path"], params["overrides"], now=night)
+    assert cfg.run_name == "tiny-nightly-20261124-030000"
+    assert cfg.model.init_from == "tiny-nightly-*" and "*" in cfg.data.train_path
 
 
 def _ray_start_resources(group: dict) -> dict[str, float]:
