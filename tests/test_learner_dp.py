@@ -76,9 +76,9 @@ def test_two_ranks_step_equals_one_rank_on_the_whole_batch(tiny_model, tmp_path,
     moved = max(float((ref[k] - initial[k]).abs().max()) for k in ref)
     assert moved > 5e-5, "the step must move the weights for the comparison to mean anything"
     # Float sums in another order differ by ~1e-7 in a gradient; over several Adam steps (mini-batches x epochs) a
-    # weight whose gradient is that small moves by a sizeable part of lr either way (Adam divides by sqrt(v)), so the
-    # bound is a tenth of lr = 1e-4 (measured: 6.8e-6 on one build of the tiny model, under 1e-6 on an earlier one). A wrong
-    # share, scale or order of the ranks' data moves weights by ~lr.
+    # weight whose gradient is that small moves by a sizeable part of lr either way (Adam divides by sqrt(v)), so
+    # the bound is a tenth of lr = 1e-4 (measured: 6.8e-6 on one build of the tiny model, under 1e-6 on an earlier
+    # one). A wrong share, scale or order of the ranks' data moves weights by ~lr.
     assert worst < 1e-5, f"2-rank step differs from the 1-rank step by {worst}"
     # the ranks' loss parts add up to the whole mini-batch loss
     assert dp["metrics"]["loss"] + rank1["metrics"]["loss"] == pytest.approx(metrics["loss"], abs=1e-6)
