@@ -60,6 +60,7 @@ def test_rollout_overlaps_training_and_staleness_is_bounded(reference):
     assert (reference / "ref" / "timeline.png").stat().st_size > 10_000
 
 
+@pytest.mark.e2e
 def test_sigkill_mid_training_then_resume_is_exact_in_async_mode(reference, tiny_model, tmp_path):
     """Kill once iteration 5's batch is scored (it is collected while iteration 4 trains), resume, compare."""
     cfg = _config(tiny_model, tmp_path, "cut")

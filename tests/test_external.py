@@ -21,7 +21,7 @@ from grpo_core.storage import RunStore
 from tests.conftest import REPO, tiny_config
 from tests.watchers import during_rollout
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 PROMPTS, G = 8, 4
 

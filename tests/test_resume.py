@@ -106,6 +106,7 @@ def test_sigkill_between_stages_then_resume_is_exact(reference, tiny_model, tmp_
     assert not half.exists()  # the leftover of the interrupted write was pruned
 
 
+@pytest.mark.e2e
 def test_sigkill_mid_training_then_resume_is_exact(reference, tiny_model, tmp_path):
     """Kill as soon as iteration 4's batch is scored: the learner is inside its update (two optimizer steps)."""
     cfg = _config(tiny_model, tmp_path, "midtrain")
@@ -240,6 +241,7 @@ def test_giving_up_then_prefect_flow_run_retry_resumes_the_run_folder(reference,
     _assert_same_run(tmp_path, "giveup", reference, "ref")
 
 
+@pytest.mark.e2e
 def test_s3_outage_of_10s_mid_run_is_survived_and_nothing_is_lost(reference, tiny_model, s3_server,
                                                                    tmp_path_factory):
     """The run folder on a real S3 server (SeaweedFS on loopback) that stops for 10 s during iteration 2 and comes

@@ -56,6 +56,7 @@ def test_split_two_samplers_survive_a_sampler_killed_mid_rollout(tiny_model, tmp
     assert store.entry(2, "train.json") is not None
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("transport", ["broadcast", "files"])
 def test_two_node_cluster_pins_roles_and_moves_weights(tiny_model, s3_server, prefect_harness, monkeypatch,
                                                        transport):
