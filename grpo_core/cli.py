@@ -200,8 +200,8 @@ def _cmd_data_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_stack(args: argparse.Namespace) -> int:
-    """The local stack of deployments (Prefect server and UI, work pool and worker, S3 server): infra/stack.sh, run
-    from the project folder it belongs to."""
+    """The local stack of deployments (Prefect server and UI, work pool and worker, a Ray head, S3 server):
+    infra/stack.sh, run from the project folder it belongs to."""
     import subprocess
     from pathlib import Path
 
@@ -318,7 +318,7 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("stack", help="the local deployment stack: Prefect server + UI (127.0.0.1:4200), work pool "
-                                     "and worker, S3 server")
+                                     "and worker, a Ray head the deployment runs join, S3 server")
     p.add_argument("action", choices=["up", "down", "status"])
     p.set_defaults(func=_cmd_stack)
 
