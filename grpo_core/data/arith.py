@@ -12,11 +12,12 @@ train.
 """
 from __future__ import annotations
 
-import json
 import random
 import re
 from pathlib import Path
 from typing import Any
+
+from grpo_core.data.splits import write_jsonl_splits
 
 SPLITS = ("train", "eval")
 LEFT_OPERANDS = range(10, 100)
@@ -62,17 +63,7 @@ def make_rows(split: str, seed: int = DEFAULT_SEED) -> list[dict[str, Any]]:
 
 def write_splits(out_dir: str | Path, seed: int = DEFAULT_SEED) -> dict[str, Path]:
     """Write ``train.jsonl`` and ``eval.jsonl`` under `out_dir`; returns the paths by split."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for split in SPLITS:
-        path = out / f"{split}.jsonl"
-        text = "".join(json.dumps(row) + "\n" for row in make_rows(split, seed))
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-        paths[split] = path
-    return paths
+    return write_jsonl_splits(out_dir, SPLITS, lambda split: make_rows(split, seed))
 
 
 if __name__ == "__main__":
