@@ -371,9 +371,6 @@ class LoggingConfig(_Section):
 
 # A run name may be a template: {date} and {time} (UTC) of the run's start -- for a scheduled flow run, its
 # scheduled start, which stays the same when Prefect retries it, so a retry resumes the same run folder.
-RUN_NAME_FIELDS = ("date", "time")
-
-
 def expand_run_name(template: str, now: "datetime") -> str:
     """``"nightly-{date}"`` -> ``"nightly-20261123"``; a name without braces is returned as it is."""
     if "{" not in template:
