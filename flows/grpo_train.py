@@ -266,34 +266,16 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Cons
         print(f"resuming {cfg.run_name} from {ref.name}, policy version {ref.policy_version} "
               f"(restored in {restored['seconds']:.1f}s; continuing at iteration {ref.next_iteration})")
     start = ref.next_iteration if ref is not None else 0
-    console = RunConsole(cfg.run_name, cfg.iterations, store.read_metrics().to_pylist())
-    while True:
-        sinks = MetricSinks(cfg, store, start)  # (re)opened where the iterations (re)start
-        try:
-            last_eval = _run_iterations(ctx, stages, start, console, terminal, sinks)
-            break
-        except EngineLost as lost:
-            ctx.pending_checkpoint = None  # its writer died with the actor; it never counts
-            ctx.status.recoveries += 1
-            where = ctx.status.latest_checkpoint
-            if ctx.status.recoveries > cfg.cluster.max_actor_restarts:
-                raise RunFailed(
-                    f"{lost}; gave up after cluster.max_actor_restarts={cfg.cluster.max_actor_restarts} "
-                    f"recoveries. Resume the run with the same run_name ({cfg.run_name}) "
-                    + (f"from {store.url('checkpoints/' + where)}" if where else "from its start (no checkpoint)")
-                ) from lost
-            info = ctx.engines.recreate()
-            ctx.status.actors = info["actors"]
-            ref = stages.latest_checkpoint(store)
-            if ref is not None:
-                ctx.engines.restore(ref)
-            start = ref.next_iteration if ref is not None else 0
-            print(f"{lost}\nrecreated the engine actors ({ctx.status.recoveries}/{cfg.cluster.max_actor_restarts}) in "
-                  f"{info['recreate_s']:.1f}s and restored "
-                  + (f"{ref.name}, policy version {ref.policy_version}" if ref else "the initial weights")
-                  + f"; continuing at iteration {start}")
-        finally:
-            sinks.close()
+    console = RunConsole(cfg.run_name, cfg.iterations, store.read_metrics().to_pylist(),
+                         min_interval_s=cfg.logging.console_interval_s)
+    try:
+        last_eval = _iterate_with_recovery(ctx, stages, start, console, terminal)
+    except BaseException:
+        try:  # the rows recorded since the last publication, for whoever looks at the failed run
+            console.publish()
+        except Exception as exc:  # noqa: BLE001 - never mask the failure itself
+            print(f"could not publish the metrics table: {exc!r}")
+        raise
     stages.commit_checkpoint(ctx, wait=True)
     saved = ctx.engines.save_final()
     metrics = store.read_metrics()
@@ -310,6 +292,39 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Cons
             "final_eval_accuracy": last_eval["accuracy"] if last_eval else None, "summary": lines,
             "resumed_from": resumed_from, "recoveries": ctx.status.recoveries,
             "replaced_samplers": ctx.engines.replaced_samplers, "actors": ctx.status.actors}
+
+
+def _iterate_with_recovery(ctx: RunContext, stages: _Stages, start: int, console: RunConsole,
+                           terminal: Console) -> dict[str, Any] | None:
+    """Run the iterations from `start`; an engine actor lost mid-run is recreated and the run continues from the
+    latest checkpoint, at most ``cluster.max_actor_restarts`` times. Returns the last evaluation."""
+    cfg, store = ctx.cfg, ctx.store
+    while True:
+        sinks = MetricSinks(cfg, store, start)  # (re)opened where the iterations (re)start
+        try:
+            return _run_iterations(ctx, stages, start, console, terminal, sinks)
+        except EngineLost as lost:
+            ctx.pending_checkpoint = None  # its writer died with the actor; it never counts
+            ctx.status.recoveries += 1
+            where = ctx.status.latest_checkpoint
+            if ctx.status.recoveries > cfg.cluster.max_actor_restarts:
+                raise RunFailed(
+                    f"{lost}; gave up after cluster.max_actor_restarts={cfg.cluster.max_actor_restarts} "
+                    f"recoveries. Resume the run with the same run_name ({cfg.run_name}) "
+                    + (f"from {store.url('checkpoints/' + where)}" if where else "from its start (no checkpoint)")
+                ) from lost
+            info = ctx.engines.recreate()
+            ctx.status.actors = info["actors"]
+            ref = stages.latest_checkpoint(store)
+            if ref is not None:
+                ctx.engines.restore(ref)
+            start = ref.next_iteration if ref is not None else 0
+            print(f"{lost}\nrecreated the engine actors ({ctx.status.recoveries}/{cfg.cluster.max_actor_restarts}) "
+                  f"in {info['recreate_s']:.1f}s and restored "
+                  + (f"{ref.name}, policy version {ref.policy_version}" if ref else "the initial weights")
+                  + f"; continuing at iteration {start}")
+        finally:
+            sinks.close()
 
 
 def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunConsole, terminal: Console,

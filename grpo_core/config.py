@@ -361,6 +361,11 @@ class LoggingConfig(_Section):
     project: str = Field(default="grpo-flow", description="W&B project / MLflow experiment name")
     verbose: bool = Field(default=False, description="show the libraries' log lines (vLLM, DeepSpeed, Ray, "
                           "Prefect) on the terminal; otherwise they go to logs/ in the run folder (`grpo train -v`)")
+    console_interval_s: float = Field(
+        default=10.0, ge=0.0, le=3600.0,
+        description="the Prefect UI's progress and metrics-table artifacts are published at most this often (and at "
+                    "every evaluation and the run's end); 0: after every iteration. Each is a request carrying the "
+                    "whole table")
 
     @model_validator(mode="after")
     def _unique(self) -> "LoggingConfig":
