@@ -89,6 +89,9 @@ class RolloutConfig(_Section):
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per vLLM engine (vLLM's own executor)")
     gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
     enforce_eager: bool = True
+    share_prompt_prefill: bool = Field(
+        default=True, description="compute each prompt's prefill once for its G samples (vLLM prefix caching and "
+                                  "a one-token pass before sampling); on CPU the KV block size becomes 32")
     max_staleness: int = Field(
         default=0, ge=0, description="async RL (split placement): the rollout of iteration k+s is sampled while "
                                      "iteration k trains, so a batch is trained on at most s iterations after the "

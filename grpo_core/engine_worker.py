@@ -153,7 +153,8 @@ class EngineWorker:
                 tensor_parallel_size=cfg.rollout.tensor_parallel_size,
                 weight_transfer_backend=backend_for(cfg.transport) if cfg.transport in ("broadcast", "cuda_ipc")
                 else None,
-                max_lora_rank=cfg.model.lora.vllm_max_rank if cfg.model.lora is not None else None))
+                max_lora_rank=cfg.model.lora.vllm_max_rank if cfg.model.lora is not None else None,
+                share_prompt_prefill=cfg.rollout.share_prompt_prefill))
         if self.learner_rank is not None:
             tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
             self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

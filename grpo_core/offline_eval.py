@@ -98,7 +98,8 @@ def evaluate_offline(cfg: GRPOConfig, policy: Policy, out_dir: str | None,
     sampler = VLLMSampler(SamplerSpec(
         model_path=policy.folder, dtype=cfg.model.dtype, seed=cfg.seed, kv_cache_mb=ro.kv_cache_mb,
         max_model_len=cfg.data.max_prompt_tokens + ro.max_new_tokens, enforce_eager=ro.enforce_eager,
-        gpu_memory_utilization=ro.gpu_memory_utilization, tensor_parallel_size=ro.tensor_parallel_size))
+        gpu_memory_utilization=ro.gpu_memory_utilization, tensor_parallel_size=ro.tensor_parallel_size,
+        share_prompt_prefill=ro.share_prompt_prefill))  # the same KV layout as the run's samplers
     scorers = EvalScorers(cfg, sets)
     metrics: dict[str, float] = {}
     rows: dict[str, int] = {}

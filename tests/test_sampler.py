@@ -50,3 +50,32 @@ def test_greedy_and_scored_logprobs_agree(sampler):
         assert sample.text and len(lp) == len(sample.token_ids)
         # greedy decoding at temperature 0 reports raw logprobs, as prompt scoring at temperature 1 does
         assert max(abs(a - b) for a, b in zip(sample.logprobs, lp)) < 1e-4
+
+
+
+def test_shared_prompt_prefill_reads_the_cache_and_samples_what_full_prefills_do(sampler, tiny_model):
+    """With prompt sharing, a prompt's whole KV blocks are computed once for its n samples (vLLM reports the others
+    as cached tokens), and the samples are those of a sampler that computes every sample's prompt in full: the
+    same tokens, the same logprobs up to float noise."""
+    from vllm import SamplingParams, TokensPrompt
+
+    from grpo_core.model.tiny import render_prompt
+    from grpo_core.rollout.sampler import CPU_PREFIX_BLOCK
+
+    tok = sampler.llm.get_tokenizer()
+    prompts = [tok.encode(render_prompt(f"What is {a} + {b}?"), add_special_tokens=False)
+               for a, b in ((3, 4), (12, 30), (7, 61))]
+    assert all(len(p) > CPU_PREFIX_BLOCK for p in prompts)  # at least one whole block to share
+    seeds = [21, 22, 23]
+    sampler.llm.reset_prefix_cache()
+    out = sampler.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                               [SamplingParams(n=4, max_tokens=4, seed=s) for s in seeds], use_tqdm=False)
+    assert [o.num_cached_tokens for o in out] == [len(p) // CPU_PREFIX_BLOCK * CPU_PREFIX_BLOCK for p in prompts]
+    shared = sampler.generate(prompts, n=4, max_tokens=16, temperature=1.0, seeds=seeds)
+    unshared = VLLMSampler(SamplerSpec(model_path=tiny_model, kv_cache_mb=64, max_model_len=256,
+                                       share_prompt_prefill=False))
+    full = unshared.generate(prompts, n=4, max_tokens=16, temperature=1.0, seeds=seeds)
+    for a, b in zip(shared, full):
+        for x, y in zip(a, b):
+            assert x.token_ids == y.token_ids
+            assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs)) < 1e-5

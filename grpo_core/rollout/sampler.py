@@ -38,6 +38,7 @@ class SamplerSpec:
     tensor_parallel_size: int = 1
     weight_transfer_backend: str | None = None  # a vLLM weight-transfer engine in the workers (broadcast, cuda_ipc)
     max_lora_rank: int | None = None  # serve base + LoRA adapters up to this rank (vLLM's enable_lora); None: no LoRA
+    share_prompt_prefill: bool = True  # prefill each prompt once for its n samples (see VLLMSampler.generate)
 
 
 class VLLMSampler:
@@ -58,7 +59,9 @@ class VLLMSampler:
             # Logprobs after temperature/top-p: the distribution the tokens were actually drawn from, which is what
             # the learner's importance ratios are measured against.
             logprobs_mode="processed_logprobs",
-            enable_prefix_caching=False,
+            # Prefix caching is what lets a prompt's n samples share its prefill (`generate`). On CPU vLLM's
+            # attention takes blocks of a multiple of 32 tokens; its default, 128, would cache no prompt shorter.
+            enable_prefix_caching=spec.share_prompt_prefill,
             # Per-request seeds make sampling reproducible (resume reaches the same weights). On CPU, vLLM 0.32
             # crashes when a seeded request's prefill is split across steps ("CPU Generator does not use
             # offset"), so prompts are never split.
@@ -77,6 +80,8 @@ class VLLMSampler:
             kwargs["gpu_memory_utilization"] = spec.gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = spec.kv_cache_mb * 2**20
+            if spec.share_prompt_prefill:
+                kwargs["block_size"] = CPU_PREFIX_BLOCK
         started = time.perf_counter()
         self.llm = LLM(**kwargs)
         self.load_seconds = time.perf_counter() - started
@@ -98,6 +103,7 @@ class VLLMSampler:
 
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
+        self._fresh_prefix_cache()
         params = [
             SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                            seed=None if seeds is None else seeds[i], **_FAST_LOGPROBS)
@@ -107,10 +113,22 @@ class VLLMSampler:
                                     lora_request=self._lora)
         return self._samples([out.outputs for out in outputs])
 
+    def _fresh_prefix_cache(self) -> None:
+        """Empty the prefix cache before a batch when prompts share their prefill.
+
+        With prefix caching vLLM computes a prompt's full KV blocks once for its n samples: blocks are registered
+        when the first sample is scheduled, and the others, in the same step, read them (on the tiny task prefill
+        was 58% of the rollout, 8 times over). Emptying the cache first makes what a batch reads depend on that
+        batch and the current weights only, never on what ran before (evaluation, earlier batches), so a resumed
+        run samples exactly what the uninterrupted one did."""
+        if self.spec.share_prompt_prefill and not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache (requests still running)")
+
     def generate_greedy(self, prompts: list[list[int]], *, max_tokens: int) -> list[Sample]:
         from vllm import SamplingParams, TokensPrompt
 
         params = SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0, **_FAST_LOGPROBS)
+        self._fresh_prefix_cache()
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False,
                                     lora_request=self._lora)
         return [group[0] for group in self._samples([out.outputs[:1] for out in outputs])]
@@ -220,6 +238,9 @@ class VLLMSampler:
         return [[Sample(token_ids=(ids := next(tokens)), logprobs=_sampled_logprobs(c, ids), text=next(texts),
                         finish_reason=str(c.finish_reason)) for c in completions] for completions in groups]
 
+
+# vLLM's CPU attention takes KV blocks of a multiple of 32 tokens; prefix caching reuses whole blocks only.
+CPU_PREFIX_BLOCK = 32
 
 # Sampled-token logprobs without vLLM's per-token Python objects: flat lists instead of one {token: Logprob} dict per
 # token, and no detokenization inside the engine (it decoded every logprob's token to a string, and the text
