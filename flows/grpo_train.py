@@ -36,7 +36,7 @@ from grpo_core.runs import RunStatus, requested_samplers
 from grpo_core.storage import RunStore
 from tasks.checkpoint import begin_checkpoint, commit_checkpoint
 from tasks.console import RunConsole
-from tasks.context import RunContext
+from tasks.context import Opaque, RunContext
 from tasks.evaluate import evaluate
 from tasks.inbox import take_inbox
 from tasks.io_retry import io_retry_options
@@ -53,7 +53,7 @@ class RunFailed(RuntimeError):
 
 
 class _Stages:
-    """The flow run's tasks, each with the storage retry policy of this run's config."""
+    """The flow run's tasks, each with the storage retry policy of this run's config, called through `Opaque`."""
 
     def __init__(self, cfg: GRPOConfig):
         opts = io_retry_options(cfg.storage)
@@ -63,7 +63,7 @@ class _Stages:
                          ("write_status", write_status), ("latest_checkpoint", latest_checkpoint),
                          ("scale_samplers", scale_samplers), ("take_inbox", take_inbox),
                          ("prepare_run", prepare_run), ("resolve_inputs", resolve_inputs)):
-            setattr(self, name, fn.with_options(**opts))
+            setattr(self, name, Opaque(fn.with_options(**opts)))
 
 
 def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: dict[str, list[str]]) -> RunContext:

@@ -7,7 +7,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from tasks.context import RunContext
+from tasks.context import Opaque, RunContext
 
 
 def _sync_run_name() -> str:
@@ -56,5 +56,5 @@ def ensure_synced(ctx: RunContext, expected_learner_version: int) -> dict[str, A
         raise RuntimeError(f"learner is at policy version {learner_version}, expected {expected_learner_version}: "
                            "the learner lost its state (restarted actor?)")
     if any(v != learner_version for v in sampler_versions):
-        return sync(ctx)
+        return Opaque(sync)(ctx)
     return None
