@@ -93,7 +93,7 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: d
     engines = Engines(cfg)
     r = cfg.reward
     scorer = Scorer(reward_type=r.type, rewards=r.rewards, weights=r.weights, num_workers=r.num_workers,
-                    timeout_s=r.timeout_s, options=r.options)
+                    timeout_s=r.timeout_s, options=r.options, dedupe=r.dedupe)
     return RunContext(cfg=cfg, store=store, engines=engines, scorer=scorer, train_prompts=stream, status=status,
                       eval_sets=eval_sets, eval_scorers=EvalScorers(cfg, eval_sets, scorer) if eval_sets else None)
 

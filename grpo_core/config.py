@@ -170,6 +170,8 @@ class RewardConfig(_Section):
     weights: list[float] | None = None
     num_workers: int = Field(default=2, ge=1, description="scoring processes")
     timeout_s: float = Field(default=5.0, gt=0.0, description="per-response time budget for verification")
+    dedupe: bool = Field(default=True, description="verify identical (response, row) pairs of a batch once; turn off "
+                                                   "for a reward plugin that is not a function of them")
     options: dict[str, Any] = Field(
         default_factory=dict, description="reward options: cosine/repetition/soft_overlong parameters, plugins")
 

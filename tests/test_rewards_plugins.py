@@ -24,6 +24,15 @@ PLUGIN_SOURCE = textwrap.dedent("""
 
     def not_a_number(completions, **columns):
         return ["high"] * len(completions)
+
+    CALLS = []
+
+    def call_number(completions, **columns):  # not a function of its inputs: the how-many-th completion it saw
+        out = []
+        for _ in completions:
+            CALLS.append(1)
+            out.append(float(len(CALLS)))
+        return out
 """)
 
 
@@ -77,3 +86,20 @@ def test_plugins_through_the_scorer(plugin_file):
     assert result.reward is None and result.components["accuracy"] == 1.0
     assert "'count' returned 2 values for 1 completions" in result.error
     assert "plugin 'bug' failed: RuntimeError: plugin bug" in result.error
+
+
+@pytest.mark.timeout(120)
+def test_identical_pairs_are_verified_once_unless_dedupe_is_off(plugin_file):
+    """A batch's identical (completion, row) pairs reach the workers once and share the outcome; a different row or
+    completion is its own pair. With dedupe off every completion is verified."""
+    completions = ["\\boxed{7}", "\\boxed{7}", "\\boxed{8}", "\\boxed{7}", "\\boxed{7}"]
+    rows = [{"gt_answer": "7"}] * 3 + [{"gt_answer": "8"}, {"gt_answer": "7"}]
+    rewards = ["accuracy", f"{plugin_file}:call_number"]
+    with Scorer(rewards=rewards, num_workers=1) as scorer:
+        results = scorer.score(completions, rows)
+    calls = [r.components["call_number"] for r in results]
+    assert calls[0] == calls[1] == calls[4] and len({calls[0], calls[2], calls[3]}) == 3
+    assert [r.components["accuracy"] for r in results] == [1.0, 1.0, 0.0, 0.0, 1.0]
+    with Scorer(rewards=rewards, num_workers=1, dedupe=False) as scorer:
+        results = scorer.score(completions, rows)
+    assert len({r.components["call_number"] for r in results}) == 5

@@ -11,6 +11,9 @@ What a ``RewardResult`` means:
 A plugin may return None for a completion it does not apply to: that component is None, left out of the weighted
 sum, and is not an error (as in TRL). A row where no component applies gets reward None with an error.
 
+Identical (completion, row) pairs of one ``score`` call are verified once and share the outcome (``dedupe``, on by
+default; turn it off for a plugin whose result is not a function of the completion and its row).
+
 Time limits: each worker-side component of a row gets ``timeout_s`` (an alarm in the worker); a worker still busy
 with one row after ``timeout_s * components + grace`` is killed and replaced.
 
@@ -18,6 +21,7 @@ with one row after ``timeout_s * components + grace`` is killed and replaced.
 """
 from __future__ import annotations
 
+import json
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -46,9 +50,10 @@ class Scorer:
     """
 
     def __init__(self, reward_type: str = "boxed", rewards: list[str] = ["accuracy"], weights: list[float] | None = None,
-                 num_workers: int = 2, timeout_s: float = 5.0, options: dict | None = None):
+                 num_workers: int = 2, timeout_s: float = 5.0, options: dict | None = None, dedupe: bool = True):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.dedupe = dedupe
         self.plan: RewardPlan = build_plan(reward_type, list(rewards), weights, options)
         self.timeout_s = timeout_s
         self._pool: WorkerPool | None = None
@@ -74,10 +79,14 @@ class Scorer:
         """One RewardResult per completion, in input order."""
         self._check_inputs(completions, rows, completion_lengths)
         if self._pool is not None:
+            items = list(zip(completions, rows))
+            slots = _dedupe(items) if self.dedupe else list(range(len(items)))
+            unique = {slot: item for slot, item in zip(slots, items)}
             try:
-                outputs = self._pool.run(list(zip(completions, rows)))
+                found = self._pool.run([unique[k] for k in range(len(unique))])
             except FatalWorkerError as error:
                 raise _original_error(error) from error
+            outputs = [found[slot] for slot in slots]
         else:
             outputs = [{} for _ in completions]
         return [self._combine(i, completion, outputs[i], completion_lengths)
@@ -141,6 +150,16 @@ class Scorer:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+def _dedupe(items: list[tuple[str, dict]]) -> list[int]:
+    """The slot of each (completion, row) among the distinct pairs, numbered by first appearance.
+
+    A group's samples share their row, and as a policy converges they repeat the same completion (late in the tiny
+    task most groups of 8 hold two or three distinct answers; code groups repeat whole programs, each a sandbox
+    run): the workers verify each distinct pair once."""
+    seen: dict[tuple[str, str], int] = {}
+    return [seen.setdefault((c, json.dumps(row, sort_keys=True, default=repr)), len(seen)) for c, row in items]
 
 
 def _outcomes_of(output: RowOutput, plan: RewardPlan) -> dict[str, ComponentOutcome]:
