@@ -391,7 +391,7 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
                 "staleness_mean": staleness_mean, "staleness_max": staleness_max,
                 "inbox_groups": batch.inbox["groups"], "inbox_rejected": batch.inbox.get("rejected", 0),
                 "reward_mean": sc["reward_mean"],
-                "accuracy_mean": sc.get("reward_accuracy_mean"),
+                "accuracy_mean": sc.get("reward_accuracy_mean"), "distinct_frac": sc.get("distinct_frac"),
                 "loss": tr["loss"], "grad_norm": tr["grad_norm"], "lr": tr["lr"],
                 "clipfrac": tr.get("clipfrac"), "clipfrac_low": tr.get("clipfrac_low"),
                 "clipfrac_high": tr.get("clipfrac_high"), "approx_kl": tr.get("approx_kl"),

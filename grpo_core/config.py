@@ -594,7 +594,7 @@ class GRPOConfig(_Section):
 RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "logging", "cluster.ray_address",
                       "cluster.sampler_resources", "cluster.learner_resources", "cluster.max_actor_restarts",
                       "cluster.servers", "cluster.server_timeout_s", "cluster.server_retries", "reward.num_workers",
-                      "weights.check_samples", "weights.check_every")
+                      "reward.dedupe", "weights.check_samples", "weights.check_every")
 
 
 # Yao et al.'s truncation of pi_old / pi_sampler, on by default in async RL (rollout.max_staleness > 0).

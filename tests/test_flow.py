@@ -85,6 +85,9 @@ def test_stage_outputs_are_parquet_with_the_documented_schema(two_iteration_run)
         assert {"rollouts.parquet", "scored.parquet", "train.json"} <= set(manifest["files"])
         train = store.get_json(it, "train.json")
         assert train["policy_version"] == it + 1 and train["tokens"] > 0
+        pairs = set(zip(scored.column("response_text").to_pylist(), scored.column("prompt_id").to_pylist()))
+        row = store.read_metrics().to_pylist()[it]
+        assert row["distinct_frac"] == pytest.approx(len(pairs) / scored.num_rows)  # what the verifiers ran on
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((run_dir / "config.json").read_text())["iterations"] == 2
 

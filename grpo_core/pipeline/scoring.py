@@ -13,7 +13,7 @@ import torch
 from grpo_core.algo import compute_advantages, group_filter, overlong_mask, soft_overlong_penalty
 from grpo_core.config import GRPOConfig
 from grpo_core.data.schemas import ROLLOUT_SCHEMA
-from grpo_core.rewards.scorer import RewardResult, Scorer
+from grpo_core.rewards.scorer import RewardResult, Scorer, distinct_slots
 
 
 def dataset_rows(table: pa.Table) -> list[dict[str, Any]]:
@@ -25,10 +25,14 @@ def dataset_rows(table: pa.Table) -> list[dict[str, Any]]:
 def score_table(table: pa.Table, scorer: Scorer) -> tuple[list[RewardResult], dict[str, float]]:
     completions = table.column("response_text").to_pylist()
     lengths = table.column("response_length").to_pylist()
-    results = scorer.score(completions, dataset_rows(table), completion_lengths=lengths)
+    rows = dataset_rows(table)
+    results = scorer.score(completions, rows, completion_lengths=lengths)
     scored = [r.reward for r in results if r.reward is not None]
+    distinct = len(set(distinct_slots(list(zip(completions, rows))))) if completions else 0
     metrics = {"reward_mean": sum(scored) / len(scored) if scored else float("nan"),
-               "unscored": float(len(results) - len(scored))}
+               "unscored": float(len(results) - len(scored)),
+               # the share of responses the verifiers had to run on (reward.dedupe verifies repeats once)
+               "distinct_frac": distinct / len(completions) if completions else float("nan")}
     for name in (results[0].components if results else {}):
         values = [r.components.get(name) for r in results if r.components.get(name) is not None]
         metrics[f"reward_{name}_mean"] = sum(values) / len(values) if values else float("nan")
