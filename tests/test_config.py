@@ -283,3 +283,11 @@ def test_shipped_real_model_and_code_configs_validate(name):
         assert cfg.train.zero_stage == 3 and cfg.rollout.max_staleness == 1
     if name.startswith("qwen2.5-0.5b"):
         assert cfg.cluster.placement == "colocate" and cfg.cluster.learner_resources.num_gpus == 1
+
+
+def test_zero_stage_auto_partitions_only_across_several_ranks():
+    from grpo_core.config import TrainConfig, zero_stage_for
+
+    assert TrainConfig().zero_stage == "auto"
+    assert zero_stage_for(TrainConfig(), 1) == 0 and zero_stage_for(TrainConfig(), 4) == 2
+    assert zero_stage_for(TrainConfig(zero_stage=2), 1) == 2 and zero_stage_for(TrainConfig(zero_stage=3), 4) == 3

@@ -170,8 +170,11 @@ def test_only_the_adapter_trains_and_the_base_stays_bit_identical(trained, tiny_
     module = learner.engine.module
     trainable = [n for n, p in module.named_parameters() if p.requires_grad]
     assert len(trainable) == ADAPTER_TENSORS and all(".lora_A." in n or ".lora_B." in n for n in trainable)
-    # The optimizer holds exactly the adapter (DeepSpeed's ZeRO optimizer keeps the params it was given).
-    in_optimizer = {id(p) for group in learner.optimizer.bit16_groups for p in group}
+    # The optimizer holds exactly the adapter (DeepSpeed's ZeRO optimizer keeps the params it was given; one rank runs
+    # without ZeRO, train.zero_stage "auto", and the optimizer is the AdamW itself).
+    groups = learner.optimizer.bit16_groups if learner.zero_stage > 0 else \
+        [g["params"] for g in learner.optimizer.param_groups]
+    in_optimizer = {id(p) for group in groups for p in group}
     assert in_optimizer == {id(p) for p in module.parameters() if p.requires_grad}
 
     base = load_file(str(Path(tiny_model) / "model.safetensors"))

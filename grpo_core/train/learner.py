@@ -23,7 +23,7 @@ from grpo_core.algo import (
     aggregate_loss, entropy_from_logits, kl_penalty, loss_denominator, policy_loss, truncated_is_weights,
 )
 from grpo_core.checkpoint import Snapshot
-from grpo_core.config import AlgoConfig, LoraConfig, TrainConfig
+from grpo_core.config import AlgoConfig, LoraConfig, TrainConfig, zero_stage_for
 from grpo_core.train.batch import TokenBatch, pack_shared_prompts, token_logprobs, token_logprobs_and_entropy
 
 # DeepSpeed's checkpoint tag: its files live under <checkpoint>/learner/.
@@ -91,16 +91,17 @@ class Learner:
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=train.lr,
                                       betas=train.betas, weight_decay=train.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(train, spec.total_steps))
+        ensure_process_group()
+        self.zero_stage = zero_stage_for(train, torch.distributed.get_world_size())
         ds_config = {
             "train_micro_batch_size_per_gpu": micro_batch_size,
             "gradient_accumulation_steps": grad_accum_steps,
             "gradient_clipping": train.grad_clip or 0.0,
-            "zero_optimization": {"stage": train.zero_stage},
+            "zero_optimization": {"stage": self.zero_stage},
             "bf16": {"enabled": dtype == torch.bfloat16},
             "steps_per_print": 2**31 - 1,
             "wall_clock_breakdown": False,
         }
-        ensure_process_group()
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
         self.device = self.engine.device
@@ -121,7 +122,7 @@ class Learner:
         temp = self.spec.temperature if temperature is None else temperature
         # Not under ZeRO-3: its forward gathers each module's parameters in a collective, so every rank must run the
         # same modules in the same order (a rank whose rows do not pack would take the other path).
-        if pack and self.spec.pack_prompts and self.train_cfg.zero_stage < 3:
+        if pack and self.spec.pack_prompts and self.zero_stage < 3:
             pack = pack_shared_prompts(mb)
             if self._packing_pays(mb, pack):
                 return self._packed_logprobs(model, mb, pack, entropy, temp)
@@ -298,9 +299,14 @@ class Learner:
                     tokens = mask.sum().clamp(min=1)
                     record({"entropy": float((entropy.detach() * mask).sum() / tokens)})
                     self.engine.backward(loss * world_size if world_size > 1 else loss, scale_wrt_gas=False)
+                    # DeepSpeed records the pre-clip norm under ZeRO 1-3 only; without ZeRO it clips, unrecorded.
+                    unrecorded = self.zero_stage == 0 and self.engine.is_gradient_accumulation_boundary()
+                    pre_clip = _grad_norm(self.engine.module) if unrecorded else None
                     self.engine.step()
                     record({"loss": float(loss.detach())})
                 grad_norm = self.engine.get_global_grad_norm()
+                if grad_norm is None:
+                    grad_norm = pre_clip
                 if grad_norm is not None:
                     grad_norms.append(float(grad_norm))
                 self.version += 1
@@ -319,7 +325,7 @@ class Learner:
         are gathered first: a collective, so every rank must call it together. With LoRA it is the peft model's
         state dict (base and adapter tensors under peft's names), which vLLM does not load: syncs use
         ``save_adapter``."""
-        if self.train_cfg.zero_stage == 3:
+        if self.zero_stage == 3:
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None):
@@ -493,3 +499,10 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
     width = max(p.shape[1] for p in parts)
     return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
+
+
+def _grad_norm(module: torch.nn.Module) -> float:
+    """The L2 norm of all gradients of `module` (at a step boundary: accumulated, and all-reduced over ranks)."""
+    grads = [p.grad.detach().float() for p in module.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) \
+        if grads else 0.0
