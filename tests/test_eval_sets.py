@@ -98,3 +98,12 @@ def test_grpo_eval_on_a_checkpoint_and_bad_arguments(run_with_two_sets, tmp_path
     assert done.returncode == 2 and "no committed checkpoint of iteration 7" in done.stderr
     done = _grpo_eval(["--model", str(tmp_path / "nothing")], one, tmp_path)
     assert done.returncode == 2 and "not an HF model folder" in done.stderr
+
+
+def test_a_run_given_as_a_path_is_refused_with_the_name_and_root_to_use():
+    from contextlib import ExitStack
+
+    from grpo_core.offline_eval import EvalError, resolve_policy
+
+    with ExitStack() as stack, pytest.raises(EvalError, match=r"--run 'runs/tc-c'.*try --run tc-c --root runs"):
+        resolve_policy(stack, run="runs/tc-c")
