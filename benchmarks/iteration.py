@@ -23,11 +23,9 @@ import argparse
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -35,6 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from benchmarks.workdir import work_folder  # noqa: E402
 
 ENV_DEFAULTS = {
     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -48,6 +48,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get
 
 TRAIN_PATH = REPO / "data/arith/train.jsonl"
 RUN_NAME = "bench"
+
 
 # (hidden, layers, heads, intermediate), prompts, samples, new tokens, micro-batch
 FULL = dict(hidden=512, layers=8, heads=8, intermediate=1280, prompts=8, samples=8, new_tokens=128, micro=16)
@@ -381,8 +382,7 @@ def main() -> None:
     if args.micro_batch:
         shape["micro"] = args.micro_batch
     iterations = args.iterations or (3 if args.quick else 4)
-    work = Path(tempfile.mkdtemp(prefix="bench-iteration-", dir="/tmp"))
-    try:
+    with work_folder("bench-iteration-", args.keep) as work:
         t0 = time.perf_counter()
         info = build_model(work / "model", shape, force_length=not args.no_force_length)
         build_s = time.perf_counter() - t0
@@ -411,11 +411,6 @@ def main() -> None:
             print("baseline: standalone torch train step ...", flush=True)
             trn = run_baseline("train", spec_path, work / "train.json")
         report(sys.argv, info, shape, flow, gen, trn, build_s)
-    finally:
-        if args.keep:
-            print(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

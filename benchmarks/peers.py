@@ -24,11 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -308,17 +306,13 @@ def main() -> None:
     parser.add_argument("--json", help="also write every figure to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-peers-", dir="/tmp"))
-    try:
+    from benchmarks.workdir import work_folder
+
+    with work_folder("bench-peers-", args.keep) as work:
         result = tiny_workload(args, work) if args.workload == "tiny" else reference_workload(args, work)
         report(result, args.target)
         if args.json:
             Path(args.json).write_text(json.dumps(result, default=str, indent=1))
-    finally:
-        if args.keep:
-            print(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

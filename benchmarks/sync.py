@@ -32,10 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -43,6 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 import iteration as bench_iteration  # noqa: E402  (env defaults, build_model, FULL, TRAIN_PATH)
+from benchmarks.workdir import work_folder  # noqa: E402  (iteration put the repository on sys.path)
 
 TINY = REPO / ".cache/models/tiny"
 RUN_NAME = "sync"
@@ -192,57 +191,53 @@ def main() -> None:
         parser.error(f"unknown case(s) {unknown}; choose from {list(known)}")
     buckets = [int(b) for b in args.bucket_sweep.split(",")] if args.bucket_sweep else [args.bucket_mb]
 
-    work = Path(tempfile.mkdtemp(prefix="bench-sync-", dir="/tmp"))
-    server = None
-    if any(c.startswith("split-files-s3") for c in cases):
-        from grpo_core.s3server import start_s3_server
+    with work_folder("bench-sync-", args.keep) as work:
+        server = None
+        if any(c.startswith("split-files-s3") for c in cases):
+            from grpo_core.s3server import start_s3_server
 
-        server = start_s3_server(work / "s3", buckets=["bench"])
-    results: list[dict] = []
-    started = time.perf_counter()
-    try:
-        for shape in args.shapes.split(","):
-            if shape == "tiny":
-                model_dir = TINY
-                if not (TINY / "config.json").exists():
-                    raise SystemExit("build the tiny model first: make model")
-            elif shape == "24m":
-                model_dir = work / "model-24m"
-                bench_iteration.build_model(model_dir, bench_iteration.FULL, force_length=True)
-            else:
-                raise SystemExit(f"unknown shape {shape!r}: tiny or 24m")
-            full = weight_bytes(model_dir)
-            for case in cases:
-                lora = case in LORA_CASES
-                params, nbytes = adapter_bytes(model_dir, args.lora_rank) if lora else full
-                for bucket in (buckets if case == "split-broadcast" else [None]):
-                    overrides = json.loads(json.dumps(known[case]))
-                    if lora:
-                        overrides["model"]["lora"]["rank"] = args.lora_rank
-                    if bucket is not None:
-                        overrides["weights"]["bucket_mb"] = bucket
-                    tag = f"{shape}-{case}" + (f"-b{bucket}" if bucket is not None else "")
-                    if case.startswith("split-files-s3"):
-                        root, options = f"s3://bench/{tag}", server.storage_options
-                    else:
-                        root, options = str(work / "runs" / tag), {}
-                    print(f"[{tag}] {params:,} parameters, {nbytes / 1e6:.1f} MB; flow, {args.iterations} "
-                          "iterations ...", flush=True)
-                    res = summarize(shape, case, bucket, params, nbytes,
-                                    run_case(model_dir, overrides, root, options, args.iterations))
-                    if res["error"]:
-                        print(f"[{tag}] FAILED:\n{res['error']}", flush=True)
-                    results.append(res)
-                    if args.json:
-                        with open(args.json, "a") as fh:
-                            fh.write(json.dumps(res) + "\n")
-    finally:
-        if server is not None:
-            server.stop()
-        if args.keep:
-            print(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+            server = start_s3_server(work / "s3", buckets=["bench"])
+        results: list[dict] = []
+        started = time.perf_counter()
+        try:
+            for shape in args.shapes.split(","):
+                if shape == "tiny":
+                    model_dir = TINY
+                    if not (TINY / "config.json").exists():
+                        raise SystemExit("build the tiny model first: make model")
+                elif shape == "24m":
+                    model_dir = work / "model-24m"
+                    bench_iteration.build_model(model_dir, bench_iteration.FULL, force_length=True)
+                else:
+                    raise SystemExit(f"unknown shape {shape!r}: tiny or 24m")
+                full = weight_bytes(model_dir)
+                for case in cases:
+                    lora = case in LORA_CASES
+                    params, nbytes = adapter_bytes(model_dir, args.lora_rank) if lora else full
+                    for bucket in (buckets if case == "split-broadcast" else [None]):
+                        overrides = json.loads(json.dumps(known[case]))
+                        if lora:
+                            overrides["model"]["lora"]["rank"] = args.lora_rank
+                        if bucket is not None:
+                            overrides["weights"]["bucket_mb"] = bucket
+                        tag = f"{shape}-{case}" + (f"-b{bucket}" if bucket is not None else "")
+                        if case.startswith("split-files-s3"):
+                            root, options = f"s3://bench/{tag}", server.storage_options
+                        else:
+                            root, options = str(work / "runs" / tag), {}
+                        print(f"[{tag}] {params:,} parameters, {nbytes / 1e6:.1f} MB; flow, {args.iterations} "
+                              "iterations ...", flush=True)
+                        res = summarize(shape, case, bucket, params, nbytes,
+                                        run_case(model_dir, overrides, root, options, args.iterations))
+                        if res["error"]:
+                            print(f"[{tag}] FAILED:\n{res['error']}", flush=True)
+                        results.append(res)
+                        if args.json:
+                            with open(args.json, "a") as fh:
+                                fh.write(json.dumps(res) + "\n")
+        finally:
+            if server is not None:
+                server.stop()
     print()
     print("command: " + " ".join([Path(sys.executable).name] + sys.argv) +
           f"  ({time.perf_counter() - started:.0f}s wall)")

@@ -90,8 +90,8 @@ class RolloutConfig(_Section):
     gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
     enforce_eager: bool = True
     share_prompt_prefill: bool = Field(
-        default=True, description="compute each prompt's prefill once for its G samples (vLLM prefix caching and "
-                                  "a one-token pass before sampling); on CPU the KV block size becomes 32")
+        default=True, description="compute each prompt's prefill once for its G samples (vLLM prefix caching, the "
+                                  "cache emptied before each batch); on CPU the KV block size becomes 32")
     max_staleness: int = Field(
         default=0, ge=0, description="async RL (split placement): the rollout of iteration k+s is sampled while "
                                      "iteration k trains, so a batch is trained on at most s iterations after the "
@@ -269,13 +269,13 @@ class TrainConfig(_Section):
                                   "(not under ZeRO-3)")
 
 
-
 def zero_stage_for(train: TrainConfig, ranks: int) -> int:
     """The ZeRO stage the learner runs with `ranks` data-parallel ranks: ``train.zero_stage``, or for "auto" 2 with
     several ranks and 0 with one."""
     if train.zero_stage != "auto":
         return train.zero_stage
     return 2 if ranks > 1 else 0
+
 
 class RoleResources(_Section):
     """What one actor of a role reserves from Ray, and where it may run (custom resources pin it to nodes)."""

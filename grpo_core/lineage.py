@@ -17,11 +17,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from grpo_core import checkpoint
-from grpo_core.runs import FINAL_MANIFEST, read_status, run_names
+from grpo_core.runs import FINAL, FINAL_MANIFEST, read_status, run_names
 from grpo_core.storage import RunStore
 
 INIT_FROM = "init_from.json"
-FINAL = "final"
 
 
 class InitFromError(ValueError):

@@ -22,7 +22,8 @@ from grpo_core.storage import CONFIG, RunStore
 STATUS = "status.json"
 # What an operator asks of a running flow (`grpo scale`); the flow reads it between iterations.
 CONTROL = "control.json"
-FINAL_MANIFEST = "final/MANIFEST.json"
+FINAL = "final"  # the finished policy's folder in a run
+FINAL_MANIFEST = f"{FINAL}/MANIFEST.json"
 
 
 @dataclass

@@ -49,8 +49,12 @@ class RunContext:
 _PLAIN = (str, int, float, bool, type(None), dict, list, tuple)
 
 
-def _quoted(value: Any) -> Any:
+def _hidden(value: Any) -> Any:
     return value if isinstance(value, _PLAIN) else quote(value)
+
+
+def _quoted(args: tuple, kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    return [_hidden(v) for v in args], {k: _hidden(v) for k, v in kwargs.items()}
 
 
 class Opaque:
@@ -67,7 +71,9 @@ class Opaque:
         self.task = task
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.task(*map(_quoted, args), **{k: _quoted(v) for k, v in kwargs.items()})
+        args, kwargs = _quoted(args, kwargs)
+        return self.task(*args, **kwargs)
 
     def submit(self, *args: Any, **kwargs: Any) -> Any:
-        return self.task.submit(*map(_quoted, args), **{k: _quoted(v) for k, v in kwargs.items()})
+        args, kwargs = _quoted(args, kwargs)
+        return self.task.submit(*args, **kwargs)

@@ -13,7 +13,7 @@ import torch
 from grpo_core.algo import compute_advantages, group_filter, overlong_mask, soft_overlong_penalty
 from grpo_core.config import GRPOConfig
 from grpo_core.data.schemas import ROLLOUT_SCHEMA
-from grpo_core.rewards.scorer import RewardResult, Scorer, distinct_slots
+from grpo_core.rewards.scorer import RewardResult, Scorer
 
 
 def dataset_rows(table: pa.Table) -> list[dict[str, Any]]:
@@ -28,10 +28,11 @@ def score_table(table: pa.Table, scorer: Scorer) -> tuple[list[RewardResult], di
     rows = dataset_rows(table)
     results = scorer.score(completions, rows, completion_lengths=lengths)
     scored = [r.reward for r in results if r.reward is not None]
-    distinct = len(set(distinct_slots(list(zip(completions, rows))))) if completions else 0
+    # The share of distinct (response, prompt) pairs: what the verifiers ran on (reward.dedupe verifies repeats once;
+    # a prompt's rows carry the same dataset columns, so the prompt id stands for them here).
+    distinct = len(set(zip(completions, table.column("prompt_id").to_pylist())))
     metrics = {"reward_mean": sum(scored) / len(scored) if scored else float("nan"),
                "unscored": float(len(results) - len(scored)),
-               # the share of responses the verifiers had to run on (reward.dedupe verifies repeats once)
                "distinct_frac": distinct / len(completions) if completions else float("nan")}
     for name in (results[0].components if results else {}):
         values = [r.components.get(name) for r in results if r.components.get(name) is not None]

@@ -80,7 +80,7 @@ class Scorer:
         self._check_inputs(completions, rows, completion_lengths)
         if self._pool is not None:
             items = list(zip(completions, rows))
-            slots = distinct_slots(items) if self.dedupe else list(range(len(items)))
+            slots = _distinct_slots(items) if self.dedupe else list(range(len(items)))
             unique = {slot: item for slot, item in zip(slots, items)}
             try:
                 found = self._pool.run([unique[k] for k in range(len(unique))])
@@ -152,7 +152,7 @@ class Scorer:
         self.close()
 
 
-def distinct_slots(items: list[tuple[str, dict]]) -> list[int]:
+def _distinct_slots(items: list[tuple[str, dict]]) -> list[int]:
     """The slot of each (completion, row) among the distinct pairs, numbered by first appearance.
 
     A group's samples share their row, and as a policy converges they repeat the same completion (late in the tiny

@@ -38,7 +38,7 @@ class SamplerSpec:
     tensor_parallel_size: int = 1
     weight_transfer_backend: str | None = None  # a vLLM weight-transfer engine in the workers (broadcast, cuda_ipc)
     max_lora_rank: int | None = None  # serve base + LoRA adapters up to this rank (vLLM's enable_lora); None: no LoRA
-    share_prompt_prefill: bool = True  # prefill each prompt once for its n samples (see VLLMSampler.generate)
+    share_prompt_prefill: bool = True  # prefill each prompt once for its n samples (see _fresh_prefix_cache)
 
 
 class VLLMSampler:

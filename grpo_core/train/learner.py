@@ -503,6 +503,5 @@ def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
 
 def _grad_norm(module: torch.nn.Module) -> float:
     """The L2 norm of all gradients of `module` (at a step boundary: accumulated, and all-reduced over ranks)."""
-    grads = [p.grad.detach().float() for p in module.parameters() if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) \
-        if grads else 0.0
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
