@@ -120,6 +120,12 @@ def is_transient_io_error(exc: BaseException) -> bool:
     return False
 
 
+def parquet_from_bytes(data: bytes) -> pa.Table:
+    """A Parquet file's table. ``pq.ParquetFile(...).read()``, not ``pq.read_table``: the latter goes through the
+    dataset layer, 2.3 ms against 0.4 ms for a tiny-task rollout file, read several times an iteration."""
+    return pq.ParquetFile(pa.BufferReader(data)).read()
+
+
 def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
@@ -189,6 +195,9 @@ class RunStore:
         self._local = isinstance(self._fs, LocalFileSystem)
         self._base = posixpath.join(root_path.rstrip("/"), run_name)
         self.run_name = run_name
+        # metrics.parquet as this store last wrote it, with the file's (inode, size, mtime) then (local folders only): the
+        # flow appends a row every iteration, and reading the whole file back each time grew with the run.
+        self._metrics_written: tuple[tuple[int, int, int], pa.Table] | None = None
 
     # ----------------------------------------------------------------- paths
     @property
@@ -459,7 +468,7 @@ class RunStore:
     def get_table(self, iteration: int, name: str) -> pa.Table:
         """The table if complete; StageIncomplete (naming the file) otherwise."""
         data, _ = self._get_complete(iteration, name, ".parquet")
-        return pq.read_table(pa.BufferReader(data))
+        return parquet_from_bytes(data)
 
     def get_json(self, iteration: int, name: str) -> dict:
         """The JSON document if complete; StageIncomplete (naming the file) otherwise."""
@@ -561,24 +570,42 @@ class RunStore:
     def read_metrics(self) -> pa.Table:
         """All metrics rows sorted by iteration (an empty table with only ``iteration`` if none)."""
         path = self._path(METRICS)
+        written = self._metrics_written
+        if written is not None and written[0] == self._local_stat(path):
+            return written[1]
         try:
             raw = self._read(path)
         except FileNotFoundError:
             return pa.table({ITERATION_KEY: pa.array([], pa.int64())})
         try:
-            table = pq.read_table(pa.BufferReader(raw))
+            table = parquet_from_bytes(raw)
         except (pa.ArrowInvalid, OSError) as exc:
             raise StorageError(f"{self._url(path)}: unreadable parquet: {exc}") from exc
         return table.sort_by(ITERATION_KEY)
+
+    def _local_stat(self, path: str) -> tuple[int, int, int] | None:
+        if not self._local:
+            return None
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def _write_metrics(self, table: pa.Table) -> None:
+        sink = io.BytesIO()
+        pq.write_table(table, sink)
+        path = self._path(METRICS)
+        self._write_atomic(path, sink.getvalue())
+        stat = self._local_stat(path)
+        self._metrics_written = (stat, table) if stat is not None else None
 
     def truncate_metrics(self, first_dropped: int) -> int:
         """Drop the rows of iterations >= ``first_dropped`` (a resumed run redoes them); returns how many."""
         old = self.read_metrics()
         kept = old.filter(pc.less(old[ITERATION_KEY], pa.scalar(first_dropped, pa.int64())))
         if kept.num_rows != old.num_rows:
-            sink = io.BytesIO()
-            pq.write_table(kept, sink)
-            self._write_atomic(self._path(METRICS), sink.getvalue())
+            self._write_metrics(kept)
         return old.num_rows - kept.num_rows
 
     def append_metrics(self, row: dict) -> None:
@@ -616,10 +643,7 @@ class RunStore:
             merged = pa.concat_tables([old, new], promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise MetricsSchemaError(f"{url}: row {iteration} does not fit the stored columns: {exc}") from exc
-        merged = merged.sort_by(ITERATION_KEY)
-        sink = io.BytesIO()
-        pq.write_table(merged, sink)
-        self._write_atomic(self._path(METRICS), sink.getvalue())
+        self._write_metrics(merged.sort_by(ITERATION_KEY))
 
     def __repr__(self) -> str:
         return f"RunStore({self.uri!r})"

@@ -311,6 +311,19 @@ def test_s3_server_binds_loopback_only(s3_server):
     assert s3_server["start_seconds"] < 15
 
 
+def test_metrics_written_elsewhere_are_read_again(make_store):
+    """A store keeps the metrics it wrote last (the flow appends every iteration); a file another writer replaced
+    since, even with a same-sized table, is read again, never served from that copy."""
+    store, other = make_store(), make_store(fresh_client=True)
+    store.append_metrics({"iteration": 0, "loss": 1.0})
+    assert store.read_metrics()["loss"].to_pylist() == [1.0]
+    other.append_metrics({"iteration": 0, "loss": 2.0})  # replaces the row: same schema, same size
+    assert store.read_metrics()["loss"].to_pylist() == [2.0]
+    store.append_metrics({"iteration": 1, "loss": 3.0})
+    assert other.read_metrics()["loss"].to_pylist() == [2.0, 3.0]
+    assert store.read_metrics()["loss"].to_pylist() == [2.0, 3.0]
+
+
 def test_truncate_metrics_drops_rows_from_an_iteration_on(make_store):
     store = make_store()
     for it in range(5):
