@@ -1,6 +1,7 @@
 """Packing rollouts into the learner's shifted token space."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from grpo_core.algo import entropy_from_logits
@@ -19,6 +20,15 @@ def test_pack_batch_aligns_response_columns_and_sampler_logprobs():
     assert batch.loss_mask.tolist() == [[0, 0, 1, 1], [0, 0, 0, 0]]  # row 1 is not kept
     sub = batch.select(slice(1, 2))
     assert len(sub) == 1 and sub.advantages.tolist() == [-1.0]
+
+
+def test_pack_batch_names_the_row_whose_sampler_logprobs_do_not_fit():
+    args = dict(prompts=[[5], [6], [7]], responses=[[1], [2, 3], [4]], advantages=[0.0] * 3, row_mask=[True] * 3,
+                pad_id=0)
+    with pytest.raises(ValueError, match="row 1: 1 sampler logprobs for 2 response tokens"):
+        pack_batch(sampler_logprobs=[[-0.1], [-0.2], [-0.3]], **args)
+    with pytest.raises(ValueError, match="2 rows of sampler logprobs for 3 rows"):
+        pack_batch(sampler_logprobs=[[-0.1], [-0.2, -0.3]], **args)
 
 
 def test_token_logprobs_equal_log_softmax_gather():

@@ -15,6 +15,7 @@ from typing import Any
 from grpo_core.rewards.extract import last_boxed_content
 
 GOLD_CACHE_SIZE = 4096
+MATCH_CACHE_SIZE = 65536
 
 
 class GoldAnswerError(ValueError):
@@ -41,10 +42,13 @@ def parse_gold(gold: str) -> tuple[Any, ...]:
     return tuple(parsed)
 
 
+@functools.lru_cache(maxsize=MATCH_CACHE_SIZE)
 def answers_match(predicted: str, gold: str) -> bool:
     """Whether the extracted answer ``predicted`` (box content, tag content) equals ``gold`` mathematically.
 
-    Raises GoldAnswerError for an unusable gold answer. No timeout of its own: call it under the worker's alarm.
+    Cached: a pure function of two strings, and the samples of a prompt mostly box the same few answers in different
+    completions (reward.dedupe only merges identical completions). Raises GoldAnswerError for an unusable gold
+    answer (never cached). No timeout of its own: call it under the worker's alarm.
     """
     from math_verify import verify
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from itertools import chain
 
+import numpy as np
 import torch
 
 
@@ -35,26 +37,43 @@ class TokenBatch:
 
 def pack_batch(prompts: list[list[int]], responses: list[list[int]], sampler_logprobs: list[list[float]] | None,
                advantages: list[float], row_mask: list[bool], pad_id: int) -> TokenBatch:
-    """Right-pad ``prompt + response`` per row. Rows keep their order."""
+    """Right-pad ``prompt + response`` per row. Rows keep their order.
+
+    Filled by scatter from flat arrays, not row by row: four small tensor writes per row cost 4.6 ms of the tiny
+    task's 256 rows, on the train step's path."""
     n = len(prompts)
     if not (len(responses) == len(advantages) == len(row_mask) == n):
         raise ValueError("pack_batch: prompts, responses, advantages and row_mask must have the same length")
-    length = max(len(p) + len(r) for p, r in zip(prompts, responses))
+    p_len = np.fromiter(map(len, prompts), dtype=np.int64, count=n)
+    r_len = np.fromiter(map(len, responses), dtype=np.int64, count=n)
+    if sampler_logprobs is not None:
+        if len(sampler_logprobs) != n:
+            raise ValueError(f"pack_batch: {len(sampler_logprobs)} rows of sampler logprobs for {n} rows")
+        lp_len = np.fromiter(map(len, sampler_logprobs), dtype=np.int64, count=n)
+        bad = np.flatnonzero(lp_len != r_len)
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"row {i}: {lp_len[i]} sampler logprobs for {r_len[i]} response tokens")
+    seq_len = p_len + r_len
+    length = int(seq_len.max())
+    # (row, column) of every token of prompt + response, and of every response token in shifted space
+    rows = np.repeat(np.arange(n), seq_len)
+    cols = np.arange(int(seq_len.sum())) - np.repeat(np.cumsum(seq_len) - seq_len, seq_len)
+    tokens = np.fromiter(chain.from_iterable(chain(p, r) for p, r in zip(prompts, responses)), dtype=np.int64,
+                         count=len(rows))
+    r_rows = np.repeat(np.arange(n), r_len)
+    r_cols = np.arange(int(r_len.sum())) - np.repeat(np.cumsum(r_len) - r_len, r_len) + np.repeat(p_len - 1, r_len)
     input_ids = torch.full((n, length), pad_id, dtype=torch.long)
     attention = torch.zeros((n, length), dtype=torch.long)
     resp_mask = torch.zeros((n, length - 1), dtype=torch.float32)
     samp = torch.zeros((n, length - 1), dtype=torch.float32)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        seq = list(p) + list(r)
-        input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attention[i, : len(seq)] = 1
-        start, end = len(p) - 1, len(p) - 1 + len(r)  # shifted columns predicting response tokens
-        resp_mask[i, start:end] = 1.0
-        if sampler_logprobs is not None:
-            lp = sampler_logprobs[i]
-            if len(lp) != len(r):
-                raise ValueError(f"row {i}: {len(lp)} sampler logprobs for {len(r)} response tokens")
-            samp[i, start:end] = torch.tensor(lp, dtype=torch.float32)
+    at, r_at = (torch.from_numpy(rows), torch.from_numpy(cols)), (torch.from_numpy(r_rows), torch.from_numpy(r_cols))
+    input_ids[at] = torch.from_numpy(tokens)
+    attention[at] = 1
+    resp_mask[r_at] = 1.0
+    if sampler_logprobs is not None:
+        samp[r_at] = torch.from_numpy(np.fromiter(chain.from_iterable(sampler_logprobs), dtype=np.float32,
+                                                  count=len(r_rows)))
     return TokenBatch(input_ids, attention, resp_mask, samp, torch.tensor(advantages, dtype=torch.float32),
                       torch.tensor([1.0 if k else 0.0 for k in row_mask], dtype=torch.float32))
 
