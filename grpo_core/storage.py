@@ -195,8 +195,8 @@ class RunStore:
         self._local = isinstance(self._fs, LocalFileSystem)
         self._base = posixpath.join(root_path.rstrip("/"), run_name)
         self.run_name = run_name
-        # metrics.parquet as this store last wrote it, with the file's (inode, size, mtime) then (local folders only): the
-        # flow appends a row every iteration, and reading the whole file back each time grew with the run.
+        # metrics.parquet as this store last wrote it, with the file's (inode, size, mtime) then (local folders
+        # only): the flow appends a row every iteration, and reading the whole file back each time grew with the run.
         self._metrics_written: tuple[tuple[int, int, int], pa.Table] | None = None
 
     # ----------------------------------------------------------------- paths

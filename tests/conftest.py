@@ -62,11 +62,18 @@ def tiny_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """A throwaway Prefect API (own SQLite database) for flow tests."""
+    """A throwaway Prefect API (own SQLite database) for flow tests, with Prefect's default task-run recorder (each
+    event recorded as it comes: tests read task runs right after a flow). An in-process `grpo` command earlier in
+    the session sets the batched recorder for the APIs it starts (grpo_core.cli); this server must not inherit it."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+    recorder = [k for k in os.environ if k.startswith("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_")]
+    saved = {k: os.environ.pop(k) for k in recorder}
+    try:
+        with prefect_test_harness(server_startup_timeout=180):
+            yield
+    finally:
+        os.environ.update(saved)
 
 
 def tiny_config(model_path: str, storage_root: str, **overrides) -> dict:

@@ -24,7 +24,8 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 with get_client(sync_client=True) as client:
     runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["own-api"])))
     task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [r.id for r in runs]}), limit=200)
-    print(json.dumps({"flow_runs": [r.state_name for r in runs], "task_runs": {t.name: t.state_name for t in task_runs}}))
+    print(json.dumps({"flow_runs": [r.state_name for r in runs],
+                      "task_runs": {t.name: t.state_name for t in task_runs}}))
 """
 
 

@@ -281,8 +281,12 @@ def test_s3_outage_of_10s_mid_run_is_survived_and_nothing_is_lost(reference, tin
     watcher = threading.Thread(target=cut_the_service, daemon=True)
     watcher.start()
     try:
+        # One HTTP attempt per s3fs try: the client's own retries give up within about 2 s, so the stage I/O that
+        # meets the outage fails and Prefect's task retries have to carry the run. With botocore's default retries
+        # a call could ride out the 10 s by itself, and whether one did depended on timing.
+        options = {**server.storage_options, "config_kwargs": {"retries": {"max_attempts": 1}}}
         cfg = _config(tiny_model, Path("unused"), "s3run", storage__root=root,
-                      storage__options=server.storage_options, storage__retry_delay_s=1.0, storage__retries=6)
+                      storage__options=options, storage__retry_delay_s=1.0, storage__retries=6)
         result = grpo_train(config=cfg)
         assert outage.get("up_at", 0) - outage.get("down_at", 0) >= down_for, outage
         assert result["run"] == f"{root}/s3run"
