@@ -397,6 +397,7 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
                 "clipfrac_high": tr.get("clipfrac_high"), "approx_kl": tr.get("approx_kl"),
                 "kl_ref": tr.get("kl_ref"), "entropy": tr.get("entropy"),
                 "mismatch_abs_logp_mean": tr.get("mismatch_abs_logp_mean"),
+                "mismatch_abs_logp_max": tr.get("mismatch_abs_logp_max"),
                 "tis_weight_mean": tr.get("tis_weight_mean"), "tis_capped_frac": tr.get("tis_capped_frac"),
                 "response_length_mean": rollouts[0]["response_length_mean"],
                 "truncated_frac": rollouts[0]["truncated_frac"],

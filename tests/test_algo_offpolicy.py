@@ -1,10 +1,10 @@
-"""truncated_is_weights: weights, cap, masking and mismatch metrics against a per-token loop."""
+"""truncated_is_weights and sampler_mismatch: weights, cap, masking and mismatch metrics against a per-token loop."""
 import math
 
 import pytest
 import torch
 
-from grpo_core.algo import truncated_is_weights
+from grpo_core.algo import sampler_mismatch, truncated_is_weights
 
 F64 = torch.float64
 
@@ -58,3 +58,14 @@ def test_errors():
         truncated_is_weights(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), cap=0.0)
     with pytest.raises(ValueError, match="sampler_logprobs"):
         truncated_is_weights(torch.zeros(1, 2), torch.zeros(2, 2), torch.ones(1, 2), cap=2.0)
+
+
+def test_sampler_mismatch_mean_max_and_k3_over_the_masked_tokens():
+    old = torch.log(torch.tensor([[0.5, 0.9, 0.2, 0.1]], dtype=F64))
+    samp = torch.log(torch.tensor([[0.25, 0.9, 0.8, 0.9]], dtype=F64))
+    m = sampler_mismatch(old, samp, torch.tensor([[1, 1, 1, 0]]))  # the last token (|d| = log 9) is padding
+    assert m["mismatch_abs_logp_mean"] == pytest.approx((math.log(2) + 0 + math.log(4)) / 3)
+    assert m["mismatch_abs_logp_max"] == pytest.approx(math.log(4))
+    assert m["mismatch_k3"] == pytest.approx(sum(math.exp(d) - d - 1 for d in (math.log(2), 0.0, -math.log(4))) / 3)
+    _, tis = truncated_is_weights(old, samp, torch.tensor([[1, 1, 1, 0]]), cap=2.0)
+    assert {k: tis[k] for k in m} == m  # TIS reports the same mismatch metrics

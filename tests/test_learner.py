@@ -95,6 +95,26 @@ def test_shared_prompt_packing_gives_the_padded_batch_logprobs_and_step(tiny_mod
     assert m_packed["grad_norm"] == pytest.approx(m_plain["grad_norm"], rel=1e-4)
 
 
+def test_the_step_reports_how_far_the_sampler_logprobs_are_from_the_learners(tiny_model):
+    """Every train step compares the batch's sampler logprobs with the learner's before the update, on every
+    response token (without TIS too): the learner's own logprobs give ~0, logprobs off by 0.3 on one token give
+    0.3 as the max."""
+    learner = _learner(tiny_model, micro=4, accum=2)
+    plain = _group_batch(groups=2, samples=4)
+    rows = plain.response_mask.bool()
+    own = learner.logprobs(plain, pack=True)
+    prompts = [plain.input_ids[i, : int(plain.attention_mask[i].sum())].tolist() for i in range(len(plain))]
+    starts = [int(rows[i].nonzero()[0]) + 1 for i in range(len(plain))]  # first response token's position
+    sampled = [own[i][rows[i]].tolist() for i in range(len(plain))]
+    sampled[6][0] -= 0.3
+    batch = pack_batch([p[:s] for p, s in zip(prompts, starts)], [p[s:] for p, s in zip(prompts, starts)], sampled,
+                       plain.advantages.tolist(), plain.row_mask.bool().tolist(), pad_id=0)
+    metrics = learner.train_step(batch)
+    assert metrics["mismatch_abs_logp_max"] == pytest.approx(0.3, abs=1e-4)
+    assert 0.0 < metrics["mismatch_abs_logp_mean"] < 0.3 / 10
+    assert "mismatch_abs_logp_max" not in learner.train_step(plain)  # packed without sampler logprobs: no metric
+
+
 def test_epochs_and_mini_batches_make_that_many_optimizer_steps(tiny_model):
     learner = _learner(tiny_model, micro=2, accum=2, mini_batch_size=4, ppo_epochs=3)
     metrics = learner.train_step(_batch())

@@ -15,6 +15,24 @@ from grpo_core.algo.masked import check_same_shape, masked_max, masked_mean
 _LOG_LIMIT = 20.0
 
 
+def sampler_mismatch(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
+    """How far the sampler's logprobs of the sampled tokens are from the learner's before the update.
+
+    old_logprobs, sampler_logprobs, mask: [B, T]. Returns mismatch_abs_logp_mean and mismatch_abs_logp_max (|old -
+    sampler| over the masked tokens) and mismatch_k3 (k3 estimate of KL(sampler || old), token mean). On-policy
+    these measure the two engines' numerical agreement on every token of the batch, so a broken weight sync shows
+    at once; off-policy they also hold how far the policy moved since the sampler's weights."""
+    check_same_shape(old_logprobs=old_logprobs, sampler_logprobs=sampler_logprobs, mask=mask)
+    with torch.no_grad():
+        m = mask.to(torch.bool)
+        zero = torch.zeros((), dtype=old_logprobs.dtype, device=old_logprobs.device)
+        delta = torch.where(m, old_logprobs - sampler_logprobs, zero)
+        clamped = delta.clamp(-_LOG_LIMIT, _LOG_LIMIT)
+        return {"mismatch_abs_logp_mean": float(masked_mean(delta.abs(), m)),
+                "mismatch_abs_logp_max": float(masked_max(delta.abs(), m)),
+                "mismatch_k3": float(masked_mean(torch.exp(clamped) - clamped - 1.0, m))}
+
+
 def truncated_is_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor,
                          cap: float, mode: str = "truncate") -> tuple[Tensor, dict[str, float]]:
     """TIS weights and sampler/learner mismatch metrics.
@@ -24,8 +42,7 @@ def truncated_is_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: T
     min(w, cap)) or "mask" (AReaL's decoupled objective: a token whose w exceeds cap gets weight 0, the others w;
     pi_old plays AReaL's proximal policy).
     Returns (weights [B, T] = min(exp(old - sampler), cap) (or the masked w), detached, 0 outside the mask; metrics:
-      mismatch_abs_logp_mean (mean |old - sampler|), mismatch_k3 (k3 estimate of KL(sampler || old), token mean),
-      tis_capped_frac (tokens whose weight hit the cap), tis_weight_mean, tis_weight_max).
+      ``sampler_mismatch``'s, tis_capped_frac (tokens whose weight hit the cap), tis_weight_mean, tis_weight_max).
     """
     if cap <= 0:
         raise ValueError(f"cap must be > 0, got {cap}")
@@ -42,10 +59,8 @@ def truncated_is_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: T
         raw = torch.exp(clamped)
         kept = raw.clamp(max=cap) if mode == "truncate" else torch.where(raw > cap, zero, raw)
         weights = torch.where(m, kept, zero)
-        k3 = raw - clamped - 1.0
         metrics = {
-            "mismatch_abs_logp_mean": float(masked_mean(delta.abs(), m)),
-            "mismatch_k3": float(masked_mean(k3, m)),
+            **sampler_mismatch(old_logprobs, sampler_logprobs, mask),
             "tis_capped_frac": float(masked_mean((raw > cap).to(raw.dtype), m)),
             "tis_weight_mean": float(masked_mean(weights, m)),
             "tis_weight_max": float(masked_max(weights, m)),

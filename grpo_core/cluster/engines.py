@@ -54,8 +54,8 @@ def shard(n: int, parts: int) -> list[tuple[int, int]]:
 
 
 def merge_train_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """One update's metrics from every learner rank: losses and token counts add up, wall time is the slowest
-    rank's, the rest (clip fractions, KL, entropy, ...) are averaged; grad norm, lr and version agree by
+    """One update's metrics from every learner rank: losses and token counts add up, wall time and the largest
+    sampler/learner logprob gap are the slowest / largest rank's, the rest (clip fractions, KL, entropy, ...) are averaged; grad norm, lr and version agree by
     construction and are rank 0's."""
     out = dict(per_rank[0])
     for key in per_rank[0]:
@@ -64,7 +64,7 @@ def merge_train_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         if key in ("loss", "pg_loss", "tokens"):
             out[key] = float(sum(values))
-        elif key == "seconds":
+        elif key in ("seconds", "mismatch_abs_logp_max"):
             out[key] = max(values)
         elif key not in ("grad_norm", "lr", "policy_version", "optimizer_steps"):
             out[key] = sum(values) / len(values)

@@ -21,13 +21,15 @@ class TokenBatch:
     sampler_logprobs: torch.Tensor  # [B, L-1] the sampler's logprob of that token (0 elsewhere)
     advantages: torch.Tensor       # [B]
     row_mask: torch.Tensor         # [B] 1.0 for rows that count in the loss (kept, not filtered)
+    has_sampler_logprobs: bool = True  # False: packed without them (sampler_logprobs is all zeros)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, idx: slice | torch.Tensor) -> "TokenBatch":
         return TokenBatch(*(t[idx] for t in (self.input_ids, self.attention_mask, self.response_mask,
-                                              self.sampler_logprobs, self.advantages, self.row_mask)))
+                                              self.sampler_logprobs, self.advantages, self.row_mask)),
+                          has_sampler_logprobs=self.has_sampler_logprobs)
 
     @property
     def loss_mask(self) -> torch.Tensor:
@@ -75,7 +77,8 @@ def pack_batch(prompts: list[list[int]], responses: list[list[int]], sampler_log
         samp[r_at] = torch.from_numpy(np.fromiter(chain.from_iterable(sampler_logprobs), dtype=np.float32,
                                                   count=len(r_rows)))
     return TokenBatch(input_ids, attention, resp_mask, samp, torch.tensor(advantages, dtype=torch.float32),
-                      torch.tensor([1.0 if k else 0.0 for k in row_mask], dtype=torch.float32))
+                      torch.tensor([1.0 if k else 0.0 for k in row_mask], dtype=torch.float32),
+                      has_sampler_logprobs=sampler_logprobs is not None)
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from grpo_core.algo import (
-    aggregate_loss, entropy_from_logits, kl_penalty, loss_denominator, policy_loss, truncated_is_weights,
+    aggregate_loss, entropy_from_logits, kl_penalty, loss_denominator, policy_loss, sampler_mismatch,
+    truncated_is_weights,
 )
 from grpo_core.checkpoint import Snapshot
 from grpo_core.config import AlgoConfig, LoraConfig, TrainConfig, zero_stage_for
@@ -260,6 +261,7 @@ class Learner:
                 counts[k] = counts.get(k, 0) + 1
 
         grad_norms = []
+        mismatch_max: float | None = None  # a max over micro-batches, not a mean of theirs
         for _epoch in range(self.train_cfg.ppo_epochs):
             for m in range(n_minis):
                 mini_idx = slice(m * share, (m + 1) * share)
@@ -274,12 +276,16 @@ class Learner:
                     width = logp.shape[1]
                     mb_old = logp.detach() if old_logp is None else \
                         old_logp[mini_idx][idx][:, :width].to(self.device)
-                    is_weights = None
+                    is_weights, sampled = None, mb.sampler_logprobs[:, :width].to(self.device)
                     if self.algo.tis_cap is not None:
-                        is_weights, tis_metrics = truncated_is_weights(
-                            mb_old, mb.sampler_logprobs[:, :width].to(self.device), mask, cap=self.algo.tis_cap,
+                        is_weights, offpolicy = truncated_is_weights(
+                            mb_old, sampled, mask, cap=self.algo.tis_cap,
                             mode="truncate" if self.algo.offpolicy == "tis" else "mask")
-                        record(tis_metrics)
+                    else:  # the sampler/learner agreement on every token, whether or not TIS corrects for it
+                        offpolicy = sampler_mismatch(mb_old, sampled, mask) if mb.has_sampler_logprobs else {}
+                    if "mismatch_abs_logp_max" in offpolicy:
+                        mismatch_max = max(mismatch_max or 0.0, offpolicy.pop("mismatch_abs_logp_max"))
+                    record(offpolicy)
                     loss, metrics = policy_loss(
                         logp, mb_old, mb.advantages.to(self.device), mask,
                         clip_eps_low=self.algo.clip_eps_low, clip_eps_high=self.algo.clip_eps_high,
@@ -311,6 +317,8 @@ class Learner:
                     grad_norms.append(float(grad_norm))
                 self.version += 1
         out = {k: sums[k] / counts[k] for k in sums}
+        if mismatch_max is not None:
+            out["mismatch_abs_logp_max"] = mismatch_max
         out["loss"] = sums.get("loss", 0.0) / max(1, self.train_cfg.ppo_epochs * n_minis)  # sum over micros
         out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         out["lr"] = float(self.scheduler.get_last_lr()[0])
