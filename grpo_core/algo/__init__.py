@@ -13,7 +13,6 @@ from grpo_core.algo.presets import PRESETS, preset_tree
 __all__ = [
     "AGG_MODES", "DynamicBatch", "PRESETS", "aggregate_loss", "apply_kl_to_reward", "compute_advantages",
     "default_cache_length", "entropy_from_logits", "group_filter", "kl_penalty", "loss_denominator", "masked_mean",
-    "masked_sum", "overlong_mask", "pass_at_k", "policy_loss", "preset_tree", "soft_overlong_penalty",
-    "sampler_mismatch",
-    "truncated_is_weights",
+    "masked_sum", "overlong_mask", "pass_at_k", "policy_loss", "preset_tree", "sampler_mismatch",
+    "soft_overlong_penalty", "truncated_is_weights",
 ]

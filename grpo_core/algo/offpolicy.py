@@ -15,6 +15,20 @@ from grpo_core.algo.masked import check_same_shape, masked_max, masked_mean
 _LOG_LIMIT = 20.0
 
 
+def _log_ratio(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(bool mask, log(pi_old / pi_sampler) with 0 outside the mask, the same clamped to +-_LOG_LIMIT)."""
+    m = mask.to(torch.bool)
+    zero = torch.zeros((), dtype=old_logprobs.dtype, device=old_logprobs.device)
+    delta = torch.where(m, old_logprobs - sampler_logprobs, zero)
+    return m, delta, delta.clamp(-_LOG_LIMIT, _LOG_LIMIT)
+
+
+def _mismatch_metrics(m: Tensor, delta: Tensor, clamped: Tensor, ratio: Tensor) -> dict[str, float]:
+    return {"mismatch_abs_logp_mean": float(masked_mean(delta.abs(), m)),
+            "mismatch_abs_logp_max": float(masked_max(delta.abs(), m)),
+            "mismatch_k3": float(masked_mean(ratio - clamped - 1.0, m))}
+
+
 def sampler_mismatch(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
     """How far the sampler's logprobs of the sampled tokens are from the learner's before the update.
 
@@ -24,13 +38,8 @@ def sampler_mismatch(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tenso
     at once; off-policy they also hold how far the policy moved since the sampler's weights."""
     check_same_shape(old_logprobs=old_logprobs, sampler_logprobs=sampler_logprobs, mask=mask)
     with torch.no_grad():
-        m = mask.to(torch.bool)
-        zero = torch.zeros((), dtype=old_logprobs.dtype, device=old_logprobs.device)
-        delta = torch.where(m, old_logprobs - sampler_logprobs, zero)
-        clamped = delta.clamp(-_LOG_LIMIT, _LOG_LIMIT)
-        return {"mismatch_abs_logp_mean": float(masked_mean(delta.abs(), m)),
-                "mismatch_abs_logp_max": float(masked_max(delta.abs(), m)),
-                "mismatch_k3": float(masked_mean(torch.exp(clamped) - clamped - 1.0, m))}
+        m, delta, clamped = _log_ratio(old_logprobs, sampler_logprobs, mask)
+        return _mismatch_metrics(m, delta, clamped, torch.exp(clamped))
 
 
 def truncated_is_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor,
@@ -52,15 +61,13 @@ def truncated_is_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: T
         raise ValueError(f"old_logprobs must be [B, T], got shape {tuple(old_logprobs.shape)}")
     check_same_shape(old_logprobs=old_logprobs, sampler_logprobs=sampler_logprobs, mask=mask)
     with torch.no_grad():
-        m = mask.to(torch.bool)
-        zero = torch.zeros((), dtype=old_logprobs.dtype, device=old_logprobs.device)
-        delta = torch.where(m, old_logprobs - sampler_logprobs, zero)  # log(pi_old / pi_sampler)
-        clamped = delta.clamp(-_LOG_LIMIT, _LOG_LIMIT)
+        m, delta, clamped = _log_ratio(old_logprobs, sampler_logprobs, mask)
         raw = torch.exp(clamped)
+        zero = torch.zeros((), dtype=raw.dtype, device=raw.device)
         kept = raw.clamp(max=cap) if mode == "truncate" else torch.where(raw > cap, zero, raw)
         weights = torch.where(m, kept, zero)
         metrics = {
-            **sampler_mismatch(old_logprobs, sampler_logprobs, mask),
+            **_mismatch_metrics(m, delta, clamped, raw),
             "tis_capped_frac": float(masked_mean((raw > cap).to(raw.dtype), m)),
             "tis_weight_mean": float(masked_mean(weights, m)),
             "tis_weight_max": float(masked_max(weights, m)),

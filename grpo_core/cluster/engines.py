@@ -55,8 +55,8 @@ def shard(n: int, parts: int) -> list[tuple[int, int]]:
 
 def merge_train_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """One update's metrics from every learner rank: losses and token counts add up, wall time and the largest
-    sampler/learner logprob gap are the slowest / largest rank's, the rest (clip fractions, KL, entropy, ...) are averaged; grad norm, lr and version agree by
-    construction and are rank 0's."""
+    sampler/learner logprob gap are the slowest / largest rank's, the rest (clip fractions, KL, entropy, ...) are
+    averaged; grad norm, lr and version agree by construction and are rank 0's."""
     out = dict(per_rank[0])
     for key in per_rank[0]:
         values = [m[key] for m in per_rank if isinstance(m.get(key), (int, float))]

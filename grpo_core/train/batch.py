@@ -59,12 +59,11 @@ def pack_batch(prompts: list[list[int]], responses: list[list[int]], sampler_log
     seq_len = p_len + r_len
     length = int(seq_len.max())
     # (row, column) of every token of prompt + response, and of every response token in shifted space
-    rows = np.repeat(np.arange(n), seq_len)
-    cols = np.arange(int(seq_len.sum())) - np.repeat(np.cumsum(seq_len) - seq_len, seq_len)
+    rows, cols = _row_and_offset(seq_len)
     tokens = np.fromiter(chain.from_iterable(chain(p, r) for p, r in zip(prompts, responses)), dtype=np.int64,
                          count=len(rows))
-    r_rows = np.repeat(np.arange(n), r_len)
-    r_cols = np.arange(int(r_len.sum())) - np.repeat(np.cumsum(r_len) - r_len, r_len) + np.repeat(p_len - 1, r_len)
+    r_rows, r_cols = _row_and_offset(r_len)
+    r_cols += np.repeat(p_len - 1, r_len)
     input_ids = torch.full((n, length), pad_id, dtype=torch.long)
     attention = torch.zeros((n, length), dtype=torch.long)
     resp_mask = torch.zeros((n, length - 1), dtype=torch.float32)
@@ -79,6 +78,12 @@ def pack_batch(prompts: list[list[int]], responses: list[list[int]], sampler_log
     return TokenBatch(input_ids, attention, resp_mask, samp, torch.tensor(advantages, dtype=torch.float32),
                       torch.tensor([1.0 if k else 0.0 for k in row_mask], dtype=torch.float32),
                       has_sampler_logprobs=sampler_logprobs is not None)
+
+
+def _row_and_offset(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows of these lengths laid end to end: each element's row and its offset within the row."""
+    starts = np.cumsum(lengths) - lengths
+    return np.repeat(np.arange(len(lengths)), lengths), np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -276,13 +276,13 @@ class Learner:
                     width = logp.shape[1]
                     mb_old = logp.detach() if old_logp is None else \
                         old_logp[mini_idx][idx][:, :width].to(self.device)
-                    is_weights, sampled = None, mb.sampler_logprobs[:, :width].to(self.device)
+                    is_weights, offpolicy = None, {}
                     if self.algo.tis_cap is not None:
                         is_weights, offpolicy = truncated_is_weights(
-                            mb_old, sampled, mask, cap=self.algo.tis_cap,
+                            mb_old, mb.sampler_logprobs[:, :width].to(self.device), mask, cap=self.algo.tis_cap,
                             mode="truncate" if self.algo.offpolicy == "tis" else "mask")
-                    else:  # the sampler/learner agreement on every token, whether or not TIS corrects for it
-                        offpolicy = sampler_mismatch(mb_old, sampled, mask) if mb.has_sampler_logprobs else {}
+                    elif mb.has_sampler_logprobs:  # the sampler/learner agreement on every token, without TIS too
+                        offpolicy = sampler_mismatch(mb_old, mb.sampler_logprobs[:, :width].to(self.device), mask)
                     if "mismatch_abs_logp_max" in offpolicy:
                         mismatch_max = max(mismatch_max or 0.0, offpolicy.pop("mismatch_abs_logp_max"))
                     record(offpolicy)
