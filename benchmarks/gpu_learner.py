@@ -18,9 +18,10 @@ The log-softmax over the vocabulary, the entropy metric, norms and activations a
 what MFU loses to.
 
 Variants (``--variants``, comma-separated):
-  * ``fused``: the Learner exactly as the project runs it. On CUDA its logprobs and entropy metric come from
-    ``token_logprobs_and_entropy`` (grpo_core/train/batch.py: two Triton kernels, no float32 copy of the [B, L, V]
-    logits); on a CPU from the float32 path below;
+  * ``fused``: the Learner exactly as the project runs it: the decoder's hidden states at the response tokens
+    through the output layer in chunks (grpo_core/train/output_head.py: the [B, L, V] logits never exist); under
+    ZeRO-3, whose forward runs whole, ``token_logprobs_and_entropy`` (grpo_core/train/batch.py: two Triton kernels
+    on CUDA, no float32 copy of the logits);
   * ``unfused``: that float32 path forced (``token_logprobs`` + ``entropy_from_logits``), what the learner did
     before the fused function: the baseline;
   * ``fused-torch``: ``token_logprobs_and_entropy`` on its chunked-torch backend (``--chunk-rows`` positions a
@@ -357,9 +358,9 @@ def apply_variant(learner, var: dict, chunk_rows: int) -> None:
     if var["impl"] != "fused" or var["noent"]:
         path, noent = logprob_path(var["impl"], chunk_rows), var["noent"]
 
-        def forward_logprobs(self, model, mb, entropy="none", temperature=None):
+        def forward_logprobs(self, model, mb, entropy="none", temperature=None, pack=False):
             if entropy == "loss":  # the entropy bonus (off in AlgoConfig's defaults): the Learner's own
-                return Learner._forward_logprobs(self, model, mb, entropy, temperature)
+                return Learner._forward_logprobs(self, model, mb, entropy, temperature, pack)
             ids = mb.input_ids.to(self.device)
             out = model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device))
             temp = self.spec.temperature if temperature is None else temperature

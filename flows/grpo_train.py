@@ -73,7 +73,8 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: d
 
     d = cfg.data
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    encoder = PromptTokenizer(tokenizer, cfg.reward.type, d.system_prompt, d.max_prompt_tokens)
+    encoder = PromptTokenizer(tokenizer, cfg.reward.type, d.system_prompt, d.max_prompt_tokens,
+                              [t.model_dump() for t in d.few_shot])
     read = dict(format=d.format, prompt_key=d.prompt_key, answer_key=d.answer_key, on_bad_row=d.on_bad_row,
                 storage_options=cfg.storage.options or None)
     train_parts = read_prompt_files(files["train"], **read)
@@ -257,7 +258,8 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Cons
     ctx.status.actors = info["actors"]
     c = cfg.cluster
     print(f"engines ready in {time.perf_counter() - started:.1f}s ({c.placement}: {c.samplers} sampler(s), "
-          f"{c.learners} learner rank(s), weights by {cfg.transport}; vLLM load {info['sampler_load_s']:.1f}s, "
+          f"{c.learners} learner rank(s), weights by {cfg.transport}, {'/'.join(info['dtypes'])}; vLLM load "
+          f"{info['sampler_load_s']:.1f}s, "
           f"DeepSpeed init {info['learner_init_s']:.1f}s); run folder {store.uri}")
     resumed_from = None
     if ref is not None:

@@ -99,7 +99,8 @@ class Snapshot:
             self.files[prefix + name] = write
 
 
-def _sha256_file(path: str) -> str:
+def sha256_file(path: str) -> str:
+    """The hex sha256 of a file, read in 4 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
@@ -140,7 +141,7 @@ class CheckpointWriter:
                     path = os.path.join(base, name)
                     os.makedirs(os.path.dirname(path), exist_ok=True)
                     write(path)
-                    files[name] = {"bytes": os.path.getsize(path), "sha256": _sha256_file(path)}
+                    files[name] = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
                     if tmp is not None:
                         self._upload(f"{self.folder}/{name}", path)
                 self._files = files

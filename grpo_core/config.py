@@ -59,9 +59,26 @@ class ModelConfig(_Section):
         "glob of run names under storage.root (the newest finished run's final/, else its latest checkpoint), or an "
         "HF model folder; resolved once when the run starts and recorded in init_from.json. Nothing matching: "
         "model.path's weights (the first run of a schedule)")
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="float32", description="what the engines compute in; auto: bfloat16 where the device computes it "
+        "natively (CUDA, or a CPU with AVX-512 BF16 / AMX), else float32 (each engine decides on its own device). "
+        "In bfloat16 the learner keeps float32 master weights, gradients and optimizer state (DeepSpeed)")
     lora: LoraConfig | None = Field(
         default=None, description="train LoRA adapters instead of all weights (peft); None: full fine-tuning")
+
+
+class ChatTurn(_Section):
+    """One turn of a worked example shown before every prompt (``data.few_shot``)."""
+
+    role: Literal["user", "assistant"]
+    content: str = Field(min_length=1)
+
+
+def _check_few_shot(turns: list[ChatTurn], field: str) -> None:
+    roles = [t.role for t in turns]
+    if roles and (len(roles) % 2 or any(r != ("user" if i % 2 == 0 else "assistant") for i, r in enumerate(roles))):
+        raise ValueError(f"{field} must be pairs of turns, user then assistant (a question and its worked answer), "
+                         f"got roles {roles}")
 
 
 class DataConfig(_Section):
@@ -74,9 +91,18 @@ class DataConfig(_Section):
     answer_key: str = "gt_answer"
     system_prompt: str | None = Field(
         default=None, description="None: the default system prompt of the reward type; '' for none at all")
+    few_shot: list[ChatTurn] = Field(
+        default_factory=list, description="worked examples as chat turns (user, assistant, ...) put after the "
+                                          "system prompt and before every prompt's own messages: how a pretrained "
+                                          "instruct model learns the answer format it is rewarded for")
     max_prompt_tokens: int = Field(default=512, ge=8)
     shuffle: bool = True
     on_bad_row: Literal["error", "skip"] = "error"
+
+    @model_validator(mode="after")
+    def _few_shot_pairs(self) -> "DataConfig":
+        _check_few_shot(self.few_shot, "data.few_shot")
+        return self
 
 
 class RolloutConfig(_Section):
@@ -115,6 +141,8 @@ class EvalDatasetConfig(_Section):
     system_prompt: str | None = Field(
         default=None, description="None: data.system_prompt if reward_type is the run's reward.type, else the "
                                   "default system prompt of reward_type; '' for none")
+    few_shot: list[ChatTurn] | None = Field(
+        default=None, description="None: data.few_shot if reward_type is the run's reward.type, else none")
     greedy: bool = True
     samples: int = Field(default=0, ge=0, le=1024, description="sampled responses per prompt (0: none)")
     pass_k: list[int] | None = Field(
@@ -123,6 +151,7 @@ class EvalDatasetConfig(_Section):
 
     @model_validator(mode="after")
     def _measures(self) -> "EvalDatasetConfig":
+        _check_few_shot(self.few_shot or [], "eval.datasets.<name>.few_shot")
         if not self.greedy and self.samples == 0:
             raise ValueError("an eval dataset needs greedy=true or samples > 0 (nothing would be measured)")
         if self.pass_k is not None:
@@ -257,24 +286,38 @@ class TrainConfig(_Section):
     micro_batch_size: int = Field(default=64, ge=1, description="sequences per forward/backward")
     ppo_epochs: int = Field(default=1, ge=1, description="passes over each batch (num_iterations in TRL)")
     zero_stage: Literal["auto", 0, 1, 2, 3] = Field(
-        default="auto", description="DeepSpeed ZeRO stage; auto: 2 with several learner ranks, 0 with one (one rank has "
-                                    "nothing to partition: stage 2 cost 15% of the reference workload's train step)")
+        default="auto", description="DeepSpeed ZeRO stage; auto: 2 with several learner ranks; with one, 0 in float32 "
+                                    "(nothing to partition: stage 2 cost 15% of the reference workload's train step) "
+                                    "and 1 in bfloat16 (DeepSpeed's BF16 optimizer: float32 master weights and "
+                                    "gradient accumulation)")
     fused_kernels: bool = Field(
         default=False, description="on CUDA: Liger's Triton kernels for RMSNorm, RoPE and SwiGLU in the learner "
                                    "(needs liger-kernel, the [gpu] extra); no effect on CPU")
     pack_prompts: bool = Field(
         default=True, description="compute each group's shared prompt once per micro-batch (the G responses attend "
-                                  "to one copy of it) and the output layer only at response tokens; same logprobs "
-                                  "and gradients, a fraction of the tokens when prompts are long against responses "
-                                  "(not under ZeRO-3)")
+                                  "to one copy of it); same logprobs and gradients, a fraction of the tokens when "
+                                  "prompts are long against responses (not under ZeRO-3)")
+    logits_chunk_mb: float = Field(
+        default=128.0, gt=0.0, le=65536.0,
+        description="the output layer runs only at response tokens, this many MiB of float32 logits at a time "
+                    "(forward, and again in backward): the [batch, length, vocabulary] logits never exist at once "
+                    "(not under ZeRO-3, whose forward must run whole)")
+    gradient_checkpointing: bool = Field(
+        default=False, description="recompute each decoder layer's activations in backward instead of keeping them "
+                                   "(transformers' gradient checkpointing): less memory for longer sequences or "
+                                   "larger micro-batches, about a third more compute")
 
 
-def zero_stage_for(train: TrainConfig, ranks: int) -> int:
+def zero_stage_for(train: TrainConfig, ranks: int, dtype: str = "float32") -> int:
     """The ZeRO stage the learner runs with `ranks` data-parallel ranks: ``train.zero_stage``, or for "auto" 2 with
-    several ranks and 0 with one."""
+    several ranks, and with one 0 in float32 (nothing to partition) and 1 in bfloat16: DeepSpeed's BF16 optimizer
+    (float32 master weights, gradients accumulated in float32 over the micro-batches) needs stage 1; at stage 0 it
+    would accumulate bf16 gradients."""
     if train.zero_stage != "auto":
         return train.zero_stage
-    return 2 if ranks > 1 else 0
+    if ranks > 1:
+        return 2
+    return 1 if dtype == "bfloat16" else 0
 
 
 class RoleResources(_Section):
@@ -342,6 +385,11 @@ class WeightsConfig(_Section):
     check_every: int = Field(
         default=1, ge=1, description="run that check after every n-th iteration's sync (and the last); the "
                                      "version check before every rollout is never skipped")
+    check_tolerance: float | None = Field(
+        default=None, gt=0.0, description="the largest sync_logprob_max_diff a check accepts; beyond it the run "
+                                          "fails (a sampler serving other weights than the learner trains). None: "
+                                          "by the engines' dtype, 1e-3 for float32, 0.5 for bfloat16 "
+                                          "(grpo_core/precision.py)")
 
 
 class StorageConfig(_Section):
@@ -488,12 +536,13 @@ class GRPOConfig(_Section):
         out = {}
         for name, s in sets.items():
             reward_type = s.reward_type or self.reward.type
-            system = s.system_prompt if s.system_prompt is not None else (
-                d.system_prompt if reward_type == self.reward.type else None)
+            same = reward_type == self.reward.type
+            system = s.system_prompt if s.system_prompt is not None else (d.system_prompt if same else None)
+            few_shot = s.few_shot if s.few_shot is not None else (d.few_shot if same else [])
             out[name] = s.model_copy(update={
                 "reward_type": reward_type, "format": s.format or ("code" if reward_type == "code" else "math"),
                 "prompt_key": s.prompt_key or d.prompt_key, "answer_key": s.answer_key or d.answer_key,
-                "system_prompt": system})
+                "system_prompt": system, "few_shot": few_shot})
         return out
 
     def is_checkpoint_iteration(self, iteration: int) -> bool:
@@ -604,7 +653,7 @@ class GRPOConfig(_Section):
 RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "logging", "cluster.ray_address",
                       "cluster.sampler_resources", "cluster.learner_resources", "cluster.max_actor_restarts",
                       "cluster.servers", "cluster.server_timeout_s", "cluster.server_retries", "reward.num_workers",
-                      "reward.dedupe", "weights.check_samples", "weights.check_every")
+                      "reward.dedupe", "weights.check_samples", "weights.check_every", "weights.check_tolerance")
 
 
 # Yao et al.'s truncation of pi_old / pi_sampler, on by default in async RL (rollout.max_staleness > 0).
@@ -703,14 +752,33 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return build_config(tree, source, now)
 
 
+# The built-in policies by the folder name the configs use (.cache/models/<name>), and the command that builds each.
+BUILT_IN_MODELS = {"tiny": "make model", "tiny-code": "make model-code", "smollm2": "make model-smollm2"}
+
+
 def check_model_folder(cfg: GRPOConfig) -> None:
-    """Before any engine starts: ``model.path`` must be an HF model folder (transformers would otherwise fail deep
-    inside with a message about a hub "repo id", since nothing is ever downloaded here)."""
+    """Before any engine starts: ``model.path`` must be an HF folder of a causal language model (transformers would
+    otherwise fail deep inside with a message about a hub "repo id", since nothing is ever downloaded here)."""
+    import json
+
     path = Path(cfg.model.path)
+    if path.is_file() and path.suffix == ".gguf":
+        raise ConfigError(f"model.path={cfg.model.path!r} is a GGUF file: import it first with `grpo model import "
+                          f"--gguf {cfg.model.path} --out DIR` and give DIR")
     if not (path / "config.json").is_file():
         why = "does not exist" if not path.exists() else "has no config.json"
-        raise ConfigError(f"model.path={cfg.model.path!r} is not an HF model folder ({why}); build the demo policy "
-                          "with `grpo model tiny --out DIR` or give a folder saved by transformers' save_pretrained")
+        built_in = BUILT_IN_MODELS.get(path.name)
+        hint = (f"build it with `{built_in}`" if built_in else "build a built-in policy (`make model`, `make "
+                "model-code`, `make model-smollm2`) or give a folder saved by transformers' save_pretrained")
+        raise ConfigError(f"model.path={cfg.model.path!r} is not an HF model folder ({why}); {hint}")
+    try:
+        architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
+    except (ValueError, AttributeError) as err:
+        raise ConfigError(f"model.path={cfg.model.path!r}: config.json is not a JSON object ({err})") from None
+    bad = [a for a in architectures if not a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))]
+    if architectures and len(bad) == len(architectures):
+        raise ConfigError(f"model.path={cfg.model.path!r} holds a {bad[0]} (architectures in its config.json), not a "
+                          "causal language model: a policy must generate text")
 
 
 def upgrade_stored_config(stored: dict[str, Any]) -> dict[str, Any]:

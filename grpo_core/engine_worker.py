@@ -23,6 +23,7 @@ from grpo_core.checkpoint import CheckpointRef, CheckpointWriter, Snapshot
 from grpo_core.config import GRPOConfig
 from grpo_core.data.schemas import sample_rows
 from grpo_core.logs import redirect_process_output
+from grpo_core.precision import resolve_dtype
 from grpo_core.rollout.sampler import Sample, SamplerSpec, VLLMSampler
 from grpo_core.storage import RunStore
 from grpo_core.train.batch import pack_batch
@@ -117,6 +118,7 @@ class EngineWorker:
         self._transfer = None  # vLLM trainer-side weight-transfer engine (broadcast, cuda_ipc)
         self._transfer_client = None
         self._rendezvous = None  # learner rank 0: the held TCPStore of the learners' group
+        self.dtype = resolve_dtype(cfg.model.dtype)  # what this actor's engines compute in (auto: its device's)
 
     def free_port(self, host: str) -> int:
         """A free port on this actor's node (for vLLM's weight-transfer rendezvous, which binds it itself)."""
@@ -143,23 +145,26 @@ class EngineWorker:
 
             self.sampler = ServerSampler(cfg.cluster.servers[self.sampler_id], tag=cfg.run_name,
                                          timeout_s=cfg.cluster.server_timeout_s, retries=cfg.cluster.server_retries)
+            self.sampler.check_length(cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
+                                      "data.max_prompt_tokens + rollout.max_new_tokens")
             if cfg.model.lora is not None:  # adapters go on model.path's weights, whatever the server held before
                 self.sampler.restore_base(os.path.abspath(cfg.model.path))
         elif self.sampler_id is not None:
             self.sampler = VLLMSampler(SamplerSpec(
-                model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed, kv_cache_mb=cfg.rollout.kv_cache_mb,
+                model_path=cfg.model.path, dtype=self.dtype, seed=cfg.seed, kv_cache_mb=cfg.rollout.kv_cache_mb,
                 max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
                 enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                 tensor_parallel_size=cfg.rollout.tensor_parallel_size,
                 weight_transfer_backend=backend_for(cfg.transport) if cfg.transport in ("broadcast", "cuda_ipc")
                 else None,
                 max_lora_rank=cfg.model.lora.vllm_max_rank if cfg.model.lora is not None else None,
+                lora_target_modules=tuple(cfg.model.lora.target_modules) if cfg.model.lora is not None else None,
                 share_prompt_prefill=cfg.rollout.share_prompt_prefill))
         if self.learner_rank is not None:
             tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
             self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
             self.learner = Learner(
-                LearnerSpec(model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed,
+                LearnerSpec(model_path=cfg.model.path, dtype=self.dtype, seed=cfg.seed,
                             total_steps=cfg.iterations * cfg.optimizer_steps_per_iteration,
                             temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
                             fused_kernels=cfg.train.fused_kernels, lora=cfg.model.lora,
@@ -175,7 +180,8 @@ class EngineWorker:
                 "learner_version": self.learner.version if self.learner else None,
                 "sampler_load_s": self.sampler.load_seconds if self.sampler else 0.0,
                 "learner_init_s": self.learner.init_seconds if self.learner else 0.0,
-                "startup_s": self.startup_seconds, "pid": os.getpid(), "host": socket.gethostname()}
+                "startup_s": self.startup_seconds, "pid": os.getpid(), "host": socket.gethostname(),
+                "dtype": self.dtype}
 
     def versions(self) -> dict[str, int | None]:
         return {"sampler": self.sampler.version if self.sampler else None,

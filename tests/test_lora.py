@@ -237,7 +237,7 @@ def test_kl_reference_is_the_base_model(trained, tiny_model):
     with torch.no_grad():
         logits = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     expected = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
-    mask = batch.attention_mask[:, 1:].bool()
+    mask = batch.response_mask.bool()  # the learner computes logprobs at the response tokens only
     assert float((ref - expected)[mask].abs().max()) < 1e-5
     assert float((learner.logprobs(batch) - ref)[mask].abs().max()) > 1e-3  # the adapter is active otherwise
 

@@ -31,11 +31,17 @@ from grpo_core.cluster.ray_cluster import (
 )
 from grpo_core.cluster.weight_client import SamplerWeightClient
 from grpo_core.config import GRPOConfig
+from grpo_core.precision import sync_tolerance
 from grpo_core.rollout.server import ServerUnavailable
 
 
 class EngineLost(RuntimeError):
     """An engine actor died; the message says which one, where, and what Ray reported."""
+
+
+class SyncCheckFailed(RuntimeError):
+    """After a sync a sampler's logprobs differ from the learner's beyond the dtype's tolerance: it serves other
+    weights than the learner trains."""
 
 
 class EngineStartError(RuntimeError):
@@ -72,6 +78,29 @@ def merge_train_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def compare_sync(ids: list[int], sampled: list[list[list[float]]], learned: list[list[float]], tolerance: float,
+                 dtype: str) -> dict[str, float]:
+    """The sync check's figures: per sampler (``ids``, with ``sampled[k]`` its sequences' logprobs) and overall, the
+    largest |sampler logprob - learner logprob| (``learned``: every sampler's sequences in that order). Raises
+    ``SyncCheckFailed`` beyond ``tolerance``."""
+    out: dict[str, float] = {}
+    k, worst = 0, 0.0
+    for i, per_sampler in zip(ids, sampled):
+        diffs = [abs(a - b) for sa, la in zip(per_sampler, learned[k:k + len(per_sampler)]) for a, b in zip(sa, la)]
+        k += len(per_sampler)
+        out[f"sync_logprob_max_diff_sampler{i}"] = max(diffs, default=0.0)
+        worst = max(worst, max(diffs, default=0.0))
+    out["sync_logprob_max_diff"] = worst
+    if worst > tolerance:
+        bad = {i: round(out[f"sync_logprob_max_diff_sampler{i}"], 6) for i in ids
+               if out[f"sync_logprob_max_diff_sampler{i}"] > tolerance}
+        raise SyncCheckFailed(
+            f"after the sync, sampler(s) {sorted(bad)} serve other weights than the learner trains: |sampler logprob "
+            f"- learner logprob| up to {worst:.3g} (per sampler {bad}), beyond the tolerance {tolerance:g} for "
+            f"{dtype} engines (weights.check_tolerance)")
+    return out
+
+
 class Engines:
     def __init__(self, cfg: GRPOConfig):
         self.cfg = cfg
@@ -89,6 +118,7 @@ class Engines:
         self._dead: set[int] = set()  # split: died in a rollout, replaced at the next sync; external: server down
         self.servers_down = 0  # external: times a server stopped answering
         self._transfer_members_changed = False
+        self.dtypes: set[str] = set()  # what the engines compute in (model.dtype, auto resolved by each actor)
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> dict[str, Any]:
@@ -119,7 +149,9 @@ class Engines:
         for a, info in zip(actors, infos):
             self._described[a] = f"{self._role(a)} (pid {info['pid']} on {info['host']})"
         self._init_transfer()
+        self.dtypes = {i["dtype"] for i in infos}
         self.info = {
+            "dtypes": sorted(self.dtypes),
             "actors": [{"role": self._role(a), "pid": i["pid"], "host": i["host"], "node": node}
                        for a, i, node in zip(actors, infos, node_ids(actors))],
             "sampler_load_s": max(i["sampler_load_s"] for i in infos),
@@ -439,8 +471,8 @@ class Engines:
 
     def check_sync(self, rows: dict[int, tuple[list[list[int]], list[int]]]) -> dict[str, float]:
         """Max |sampler logprob - learner logprob| over some sequences of every sampler (``{sampler_id:
-        (sequences, prompt lengths)}``), right after a sync. Beyond float noise it means a sampler serves other
-        weights than the learner trains."""
+        (sequences, prompt lengths)}``), right after a sync. Beyond the engines' dtype tolerance it means a sampler
+        serves other weights than the learner trains: ``SyncCheckFailed``."""
         ids = sorted(rows)
         actors = [self.samplers[i] for i in ids]
         sampled = self._get([a.sampler_logprobs.remote(*rows[i]) for a, i in zip(actors, ids)], actors,
@@ -448,16 +480,8 @@ class Engines:
         seqs = [s for i in ids for s in rows[i][0]]
         lens = [p for i in ids for p in rows[i][1]]
         learned = self._on_learners("learner_logprobs", seqs, lens)[0]
-        out: dict[str, float] = {}
-        k, worst = 0, 0.0
-        for i, per_sampler in zip(ids, sampled):
-            diffs = [abs(a - b) for sa, la in zip(per_sampler, learned[k:k + len(per_sampler)])
-                     for a, b in zip(sa, la)]
-            k += len(per_sampler)
-            out[f"sync_logprob_max_diff_sampler{i}"] = max(diffs, default=0.0)
-            worst = max(worst, max(diffs, default=0.0))
-        out["sync_logprob_max_diff"] = worst
-        return out
+        return compare_sync(ids, sampled, learned, sync_tolerance(self.dtypes, self.cfg.weights.check_tolerance),
+                            "/".join(sorted(self.dtypes)) or "float32")
 
     def serve_checkpoint(self, model_dir: str, version: int) -> float:
         return max(self._on_samplers("serve_checkpoint", model_dir, version))

@@ -21,8 +21,10 @@ DEFAULT_SYSTEM_PROMPTS: dict[str, str] = {
 }
 
 
-def chat_messages(messages: list[dict], reward_type: str, system_prompt: str | None = None) -> list[dict]:
-    """The chat to sample from: ``messages`` with a system turn added in front when appropriate.
+def chat_messages(messages: list[dict], reward_type: str, system_prompt: str | None = None,
+                  few_shot: list[dict] | None = None) -> list[dict]:
+    """The chat to sample from: ``messages`` with a system turn added in front when appropriate, and the worked
+    examples ``few_shot`` (user/assistant turns) between the system turn and the row's own turns.
 
     ``system_prompt`` None means the default for ``reward_type``; ``""`` means no system prompt. A system turn
     already in the data wins over both. The input list is not modified.
@@ -33,6 +35,8 @@ def chat_messages(messages: list[dict], reward_type: str, system_prompt: str | N
                              f"known: {sorted(DEFAULT_SYSTEM_PROMPTS)} (or pass system_prompt)")
         system_prompt = DEFAULT_SYSTEM_PROMPTS[reward_type]
     turns = [dict(turn) for turn in messages]
-    if any(turn.get("role") == "system" for turn in turns) or not system_prompt:
-        return turns
-    return [{"role": "system", "content": system_prompt}] + turns
+    system = [t for t in turns if t.get("role") == "system"]
+    rest = [t for t in turns if t.get("role") != "system"]
+    if not system and system_prompt:
+        system = [{"role": "system", "content": system_prompt}]
+    return system + [dict(t) for t in few_shot or ()] + rest

@@ -60,7 +60,8 @@ def load_eval_sets(cfg: GRPOConfig, tokenizer, storage_options: dict | None = No
         prompts = merged(read_prompt_files(paths, format=spec.format, prompt_key=spec.prompt_key,
                                            answer_key=spec.answer_key, on_bad_row=cfg.data.on_bad_row,
                                            storage_options=storage_options))
-        encoder = PromptTokenizer(tokenizer, spec.reward_type, spec.system_prompt, cfg.data.max_prompt_tokens)
+        encoder = PromptTokenizer(tokenizer, spec.reward_type, spec.system_prompt, cfg.data.max_prompt_tokens,
+                                  [t.model_dump() for t in spec.few_shot or ()])
         encoded = PromptStream(prompts, encoder, batch_size=1, seed=0, shuffle=False).all(spec.max_prompts)
         out.append(EvalSet(name=name, spec=spec, prompts=encoded, source=spec.path, skipped=list(prompts.skipped),
                            questions={row["prompt_id"]: _last_user_turn(row["messages"]) for row in prompts.rows}))

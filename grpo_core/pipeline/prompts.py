@@ -20,14 +20,16 @@ _NOT_CARRIED = ("messages", "prompt_id")
 class PromptTokenizer:
     """Chat template + tokenisation, with the length check that names the offending row."""
 
-    def __init__(self, tokenizer, reward_type: str, system_prompt: str | None, max_prompt_tokens: int):
+    def __init__(self, tokenizer, reward_type: str, system_prompt: str | None, max_prompt_tokens: int,
+                 few_shot: list[dict] | None = None):
         self.tokenizer = tokenizer
         self.reward_type = reward_type
         self.system_prompt = system_prompt
         self.max_prompt_tokens = max_prompt_tokens
+        self.few_shot = few_shot or []
 
     def encode(self, row: dict[str, Any], source: str) -> dict[str, Any]:
-        messages = chat_messages(row["messages"], self.reward_type, self.system_prompt)
+        messages = chat_messages(row["messages"], self.reward_type, self.system_prompt, self.few_shot)
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) > self.max_prompt_tokens:

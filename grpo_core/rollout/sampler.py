@@ -38,6 +38,7 @@ class SamplerSpec:
     tensor_parallel_size: int = 1
     weight_transfer_backend: str | None = None  # a vLLM weight-transfer engine in the workers (broadcast, cuda_ipc)
     max_lora_rank: int | None = None  # serve base + LoRA adapters up to this rank (vLLM's enable_lora); None: no LoRA
+    lora_target_modules: tuple[str, ...] | None = None  # the layers adapters may touch (None: every one vLLM wraps)
     share_prompt_prefill: bool = True  # prefill each prompt once for its n samples (see _fresh_prefix_cache)
 
 
@@ -76,6 +77,12 @@ class VLLMSampler:
         if spec.max_lora_rank is not None:
             # Two adapter slots: the new version is added before the old one is removed.
             kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=2, max_cpu_loras=2)
+            if spec.lora_target_modules:
+                # Only these layers get LoRA wrappers. Left to itself vLLM also wraps the output layer of a model
+                # whose lm_head it supports, and its CPU path then fails on prompt logprobs (the wrapper indexes
+                # adapters per sampled token, the logits are per prompt position: "einsum(): subscript b has size
+                # 4 ... 102"). Adapters never target the output layer here (config.LoraTarget).
+                kwargs["lora_target_modules"] = list(spec.lora_target_modules)
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = spec.gpu_memory_utilization
         else:

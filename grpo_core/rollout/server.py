@@ -37,7 +37,9 @@ class ServerSampler:
         self.http = httpx.Client(base_url=self.url, timeout=timeout_s,
                                  limits=httpx.Limits(max_connections=max_parallel))
         started = time.perf_counter()
-        self.model = self._wait_ready(ready_timeout_s)
+        card = self._wait_ready(ready_timeout_s)
+        self.model: str = card["id"]
+        self.max_model_len: int | None = card.get("max_model_len")  # tokens per sequence (prompt + response)
         self.load_seconds = time.perf_counter() - started
         self._adapter: str | None = None  # the LoRA adapter requests name (None: the base model)
 
@@ -60,16 +62,26 @@ class ServerSampler:
     def _post(self, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
         return self._request("POST", path, json=body)
 
-    def _wait_ready(self, timeout_s: float) -> str:
+    def _wait_ready(self, timeout_s: float) -> dict[str, Any]:
+        """The served model's card from ``/v1/models`` (its ``id`` and ``max_model_len``)."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                return self.http.get("/v1/models").json()["data"][0]["id"]
+                return self.http.get("/v1/models").json()["data"][0]
             except (httpx.TransportError, httpx.TimeoutException) as exc:
                 if time.monotonic() > deadline:
-                    raise ServerUnavailable(f"server {self.url} is not answering /v1/models after {timeout_s:.0f}s: "
-                                            f"{exc}") from exc
+                    raise ServerUnavailable(
+                        f"server {self.url} is not answering /v1/models after {timeout_s:.0f}s ({exc}): is "
+                        f"`grpo serve --model DIR --port {self.http.base_url.port}` running there? Its own output "
+                        "says why it did not start") from None
                 time.sleep(0.5)
+
+    def check_length(self, needed: int, what: str) -> None:
+        """Refuse a server that cannot hold ``needed`` tokens per sequence (vLLM would reject every request)."""
+        if self.max_model_len is not None and self.max_model_len < needed:
+            raise ValueError(f"server {self.url} serves at most {self.max_model_len} tokens per sequence, but "
+                             f"{what} need {needed}: start it with `grpo serve --max-model-len {needed}` (and "
+                             "enough --kv-cache-mb)")
 
     def alive(self, timeout_s: float = 5.0) -> bool:
         try:

@@ -26,6 +26,7 @@ from grpo_core.algo import (
 from grpo_core.checkpoint import Snapshot
 from grpo_core.config import AlgoConfig, LoraConfig, TrainConfig, zero_stage_for
 from grpo_core.train.batch import TokenBatch, pack_shared_prompts, token_logprobs, token_logprobs_and_entropy
+from grpo_core.train.output_head import chunk_tokens_for, output_logprobs
 
 # DeepSpeed's checkpoint tag: its files live under <checkpoint>/learner/.
 LEARNER_TAG = "learner"
@@ -84,6 +85,8 @@ class Learner:
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
         model.config.use_cache = False
+        if train.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if spec.fused_kernels and torch.cuda.is_available():
             _apply_fused_kernels(model)
         if spec.lora is not None:
@@ -93,13 +96,17 @@ class Learner:
                                       betas=train.betas, weight_decay=train.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(train, spec.total_steps))
         ensure_process_group()
-        self.zero_stage = zero_stage_for(train, torch.distributed.get_world_size())
+        self.zero_stage = zero_stage_for(train, torch.distributed.get_world_size(), spec.dtype)
         ds_config = {
             "train_micro_batch_size_per_gpu": micro_batch_size,
             "gradient_accumulation_steps": grad_accum_steps,
             "gradient_clipping": train.grad_clip or 0.0,
             "zero_optimization": {"stage": self.zero_stage},
             "bf16": {"enabled": dtype == torch.bfloat16},
+            # bf16 weights, float32 master copy and optimizer state; at ZeRO-1 the gradients accumulate in float32 too
+            # (DeepSpeed's BF16 optimizer). Elsewhere DeepSpeed's default for the stage.
+            **({"data_types": {"grad_accum_dtype": "fp32"}} if dtype == torch.bfloat16 and self.zero_stage == 1
+               else {}),
             "steps_per_print": 2**31 - 1,
             "wall_clock_breakdown": False,
         }
@@ -118,26 +125,56 @@ class Learner:
     # ----------------------------------------------------------------------------------------------- logprobs
     def _forward_logprobs(self, model, mb: TokenBatch, entropy: str = "none", temperature: float | None = None,
                           pack: bool = False):
-        """-> (logprobs [B, L-1], entropy [B, L-1] or None). entropy: "none", "metric" (no grad) or "loss".
-        ``temperature``: None is the sampling temperature (what the policy loss needs)."""
+        """-> (logprobs [B, L-1], entropy [B, L-1] or None) at the response tokens (0 elsewhere: nothing reads the
+        prompt's). entropy: "none", "metric" (no grad) or "loss". ``temperature``: None is the sampling temperature
+        (what the policy loss needs). ``pack``: each group's prompt once per micro-batch (``train.pack_prompts``)
+        where that costs fewer FLOPs.
+
+        The decoder runs on the batch (or its packed rows); the output layer only at the positions that predict a
+        response token, ``logits_chunk_mb`` at a time (``output_head``): the [B, L, V] logits never exist."""
         temp = self.spec.temperature if temperature is None else temperature
-        # Not under ZeRO-3: its forward gathers each module's parameters in a collective, so every rank must run the
-        # same modules in the same order (a rank whose rows do not pack would take the other path).
-        if pack and self.spec.pack_prompts and self.zero_stage < 3:
-            pack = pack_shared_prompts(mb)
-            if self._packing_pays(mb, pack):
-                return self._packed_logprobs(model, mb, pack, entropy, temp)
+        if self.zero_stage == 3:
+            return self._full_logits_logprobs(model, mb, entropy, temp)
+        lm = _causal_lm(model)
+        dev = self.device
+        # Not under ZeRO-3 (above): its forward gathers each module's parameters in a collective, so every rank must
+        # run the same modules in the same order (a rank whose rows do not pack would take the other path).
+        packed = pack_shared_prompts(mb) if pack and self.spec.pack_prompts else None
+        if packed is not None and self._packing_pays(mb, packed):
+            dtype = next(lm.parameters()).dtype
+            bias = torch.zeros(packed.attention.shape, dtype=dtype).masked_fill_(~packed.attention,
+                                                                                torch.finfo(dtype).min)
+            hidden = lm.get_decoder()(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
+                                      attention_mask=bias.to(dev), use_cache=False).last_hidden_state
+            at = hidden[packed.src_row.to(dev), packed.src_pos.to(dev)]
+            where, targets = (packed.dst_row.to(dev), packed.dst_col.to(dev)), packed.targets.to(dev)
+        else:
+            hidden = lm.get_decoder()(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
+                                      use_cache=False).last_hidden_state
+            rows, cols = (t.to(dev) for t in mb.response_mask.nonzero(as_tuple=True))
+            at, where, targets = hidden[rows, cols], (rows, cols), mb.input_ids.to(dev)[rows, cols + 1]
+        head = lm.get_output_embeddings()
+        tok_logp, tok_ent = output_logprobs(at, head.weight, targets, temperature=temp, entropy=entropy,
+                                            chunk_tokens=chunk_tokens_for(head.weight.shape[0],
+                                                                          self.train_cfg.logits_chunk_mb))
+        shape = (len(mb), mb.input_ids.shape[1] - 1)
+        logp = torch.zeros(shape, dtype=torch.float32, device=dev).index_put(where, tok_logp)
+        if tok_ent is None:
+            return logp, None
+        return logp, torch.zeros(shape, dtype=torch.float32, device=dev).index_put(where, tok_ent)
+
+    def _full_logits_logprobs(self, model, mb: TokenBatch, entropy: str, temp: float):
+        """ZeRO-3: the whole model's forward (its hooks gather each module's partitioned parameters, the output
+        layer's too), logprobs from the [B, L, V] logits at every position."""
         ids = mb.input_ids.to(self.device)
         out = model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device))
         if out.logits.is_cuda and entropy != "loss":
-            # On GPUs the logprobs (with grad) and the entropy metric come from one fused pass that never makes a
-            # float32 copy of the [B, L, V] logits (the copies capped the micro-batch and dominated step time on
-            # real vocabularies; benchmarks/gpu_learner.py). The entropy bonus needs d entropy / d logits: unfused.
+            # One fused pass that never makes a float32 copy of the logits (benchmarks/gpu_learner.py).
             return token_logprobs_and_entropy(out.logits, ids, temp, with_entropy=entropy == "metric")
         logp = token_logprobs(out.logits, ids, temp)
         if entropy == "none":
             return logp, None
-        scaled = out.logits[:, :-1].float() / self.spec.temperature
+        scaled = out.logits[:, :-1].float() / temp
         if entropy == "loss":
             return logp, entropy_from_logits(scaled)
         with torch.no_grad():
@@ -159,39 +196,11 @@ class Learner:
             return False
         return cost(*pack.input_ids.shape) < 0.9 * cost(*mb.input_ids.shape)
 
-    def _packed_logprobs(self, model, mb: TokenBatch, pack, entropy: str, temperature: float):
-        """``_forward_logprobs`` with each group's prompt computed once (``pack_shared_prompts``) and the output layer
-        applied only where a response token is predicted; the values land in the batch's ``[B, L-1]`` space (zero
-        elsewhere, as the loss masks them)."""
-        lm = _causal_lm(model)
-        dev = self.device
-        dtype = next(lm.parameters()).dtype
-        bias = torch.zeros(pack.attention.shape, dtype=dtype).masked_fill_(~pack.attention, torch.finfo(dtype).min)
-        hidden = lm.get_decoder()(input_ids=pack.input_ids.to(dev), position_ids=pack.position_ids.to(dev),
-                                  attention_mask=bias.to(dev), use_cache=False).last_hidden_state
-        logits = lm.get_output_embeddings()(hidden[pack.src_row.to(dev), pack.src_pos.to(dev)]).float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        targets = pack.targets.to(dev)
-        lse = torch.logsumexp(logits, dim=-1)
-        tok_logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
-        where = (pack.dst_row.to(dev), pack.dst_col.to(dev))
-        logp = torch.zeros(pack.shape, dtype=torch.float32, device=dev).index_put(where, tok_logp)
-        if entropy == "none":
-            return logp, None
-        if entropy == "loss":
-            tok_ent = entropy_from_logits(logits)
-        else:  # the metric, reusing the logsumexp (the output layer's logits are finite: no masking pass)
-            with torch.no_grad():
-                log_p = logits - lse[:, None]
-                tok_ent = -(log_p.exp() * log_p).sum(-1)
-        return logp, torch.zeros(pack.shape, dtype=torch.float32, device=dev).index_put(where, tok_ent)
-
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch, temperature: float | None = None, pack: bool = False) -> torch.Tensor:
-        """[B, L-1] logprobs of the current policy, in micro-batches, no grad (at the sampling temperature unless
-        ``temperature`` is given). ``pack``: through ``train.pack_prompts`` where it pays, with values at response
-        tokens only (0 elsewhere); otherwise every position."""
+        """[B, L-1] logprobs of the current policy at the response tokens (0 elsewhere), in micro-batches, no grad
+        (at the sampling temperature unless ``temperature`` is given). ``pack``: through ``train.pack_prompts``
+        where it pays."""
         self.engine.eval()
         parts = [self._forward_logprobs(self.engine, batch.select(slice(i, i + self.micro_batch_size)),
                                         temperature=temperature, pack=pack)[0].cpu()
