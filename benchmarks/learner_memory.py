@@ -11,7 +11,9 @@ the median step time.
   * ``full``: ``model(ids).logits`` ([rows, length, vocabulary]), logprobs and entropy by log-softmax over all of it
     in float32 (``token_logprobs`` + ``entropy_from_logits``): what a learner without chunking does;
   * ``chunked``: the decoder's hidden states at the response positions only, through ``output_logprobs`` in
-    chunks of ``train.logits_chunk_mb`` (the learner's path, ``Learner._forward_logprobs``).
+    chunks of ``train.logits_chunk_mb`` (the learner's path, ``Learner._forward_logprobs``);
+  * ``chunked+ckpt``: the same with ``train.gradient_checkpointing`` (transformers' non-reentrant checkpointing of
+    each decoder layer): the decoder's activations, the rest of the step's memory, recomputed in backward.
 
     .venv/bin/python benchmarks/learner_memory.py [--model .cache/models/smollm2] [--rows 8 --response-len 200]
 
@@ -28,7 +30,7 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("full", "chunked")
+VARIANTS = ("full", "chunked", "chunked+ckpt")
 
 
 def _rss_mib() -> float:
@@ -49,6 +51,8 @@ def _one(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     model.config.use_cache = False
+    if args.variant == "chunked+ckpt":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
@@ -113,11 +117,12 @@ def main() -> None:
                              text=True, check=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(results[-1]), flush=True)
-    full, chunked = results
+    full, chunked, ckpt = results
     print(f"{args.rows} rows x {full['length']} tokens, vocabulary {full['vocab']} (float32 logits of the whole "
-          f"micro-batch: {full['logits_mib_whole_batch']} MiB): step memory {full['step_mib']} -> "
-          f"{chunked['step_mib']} MiB ({chunked['step_mib'] / max(1, full['step_mib']):.2f}x), peak RSS "
-          f"{full['peak_mib']} -> {chunked['peak_mib']} MiB, step {full['step_s']} -> {chunked['step_s']} s")
+          f"micro-batch: {full['logits_mib_whole_batch']} MiB): step memory full {full['step_mib']} -> chunked "
+          f"{chunked['step_mib']} MiB ({chunked['step_mib'] / max(1, full['step_mib']):.2f}x) -> with gradient "
+          f"checkpointing {ckpt['step_mib']} MiB ({ckpt['step_mib'] / max(1, full['step_mib']):.2f}x); step "
+          f"{full['step_s']} -> {chunked['step_s']} -> {ckpt['step_s']} s")
 
 
 if __name__ == "__main__":
