@@ -388,7 +388,7 @@ class WeightsConfig(_Section):
     check_tolerance: float | None = Field(
         default=None, gt=0.0, description="the largest sync_logprob_max_diff a check accepts; beyond it the run "
                                           "fails (a sampler serving other weights than the learner trains). None: "
-                                          "by the engines' dtype, 1e-3 for float32, 0.5 for bfloat16 "
+                                          "by the engines' dtype, 1e-3 for float32, 0.25 for bfloat16 "
                                           "(grpo_core/precision.py)")
 
 

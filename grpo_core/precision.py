@@ -6,10 +6,12 @@ per second; on an AVX2-only CPU (no bf16 instructions) torch's bf16 GEMM ran at 
 and vLLM-CPU in bf16 generated 4x fewer tokens per second. Each engine resolves ``auto`` on its own device.
 
 A sync check compares the sampler's logprobs with the learner's on the same tokens right after a sync; what it
-accepts depends on the dtype: float32 kernels of the two engines agree to ~1e-5 (1.6e-5 on SmolLM2-135M, 1e-6 on the
-tiny model), while bf16 rounds every activation to 8 mantissa bits, so two different kernels of the same weights
-differ by far more (``SYNC_TOLERANCE``). Beyond its tolerance a sync check fails the run: a sampler serving other
-weights than the learner trains (a tied output layer not refreshed gave 27 nats) must not go unnoticed.
+accepts depends on the dtype: float32 kernels of the two engines agree to ~1e-5 (1.6e-5 to 7.6e-5 on SmolLM2-135M,
+~3e-6 on the tiny model), while bf16 rounds every activation to 8 mantissa bits, so two kernels of the same weights
+can differ far more (the tiny model in bf16: 8e-5 to 3e-4 on the flow's 4 sequences, up to 0.036 over 16 sequences;
+larger models and rarer tokens go further). Beyond its tolerance a sync check fails the run: a sampler serving other
+weights than the learner trains must not go unnoticed (the tiny model one update stale: 1.4; a tied output layer not
+refreshed: 27).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import functools
 
 DTYPES = ("float32", "bfloat16")
 # Largest |sampler logprob - learner logprob| a sync check accepts, per dtype the engines computed in.
-SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5}
+SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25}
 
 
 @functools.lru_cache(maxsize=None)

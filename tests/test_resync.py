@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_stale_sampler_is_detected_and_resynced(tiny_model, tmp_path, prefect_harness):
-    from grpo_core.cluster.engines import Engines
+    from grpo_core.cluster.engines import Engines, SyncCheckFailed
     from grpo_core.rewards.scorer import Scorer
     from grpo_core.runs import RunStatus
     from tasks.context import RunContext
@@ -45,8 +45,9 @@ def test_stale_sampler_is_detected_and_resynced(tiny_model, tmp_path, prefect_ha
 
         # The sampler comes back with the original weights (as a restarted sampler would) ...
         engines.serve_checkpoint(tiny_model, 0)
-        stale = engines.check_sync(check_rows(ctx, 0, "rollouts.parquet", 4))["sync_logprob_max_diff"]
-        assert stale > 1e-3, "the test needs weights that differ from the checkpoint"
+        # The post-sync check fails on it (beyond float32's 1e-3: the run would stop there, not train on).
+        with pytest.raises(SyncCheckFailed, match=r"sampler\(s\) \[0\] serve other weights than the learner"):
+            engines.check_sync(check_rows(ctx, 0, "rollouts.parquet", 4))
         # ... the version check notices and re-syncs, and the two agree again.
         assert ensure_synced(ctx, expected_learner_version=1) is not None
         assert engines.versions() == ([1], 1)
