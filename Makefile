@@ -20,6 +20,8 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export DS_BUILD_OPS := 0
 export PREFECT_HOME := $(CACHE)/prefect
+# Prefect's default memo store path ignores PREFECT_HOME (it writes ~/.prefect/memo_store.toml)
+export PREFECT_MEMO_STORE_PATH := $(CACHE)/prefect/memo_store.toml
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_LOGGING_LEVEL ?= WARNING
 export RAY_USAGE_STATS_ENABLED := 0

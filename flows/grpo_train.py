@@ -1,7 +1,7 @@
 """The `grpo-train` flow: per iteration rollout -> score -> train -> sync, with evaluation every `eval.interval`
 and a checkpoint every `checkpoint.interval`. In async RL (`rollout.max_staleness` s > 0, split placement) the
 rollout and scoring of iteration k+s run while iteration k trains (the train task is submitted, the rollout runs
-beside it); which weights sample which iteration is fixed (`cfg.sampling_version`), so async runs are
+beside it); which weights sample which iteration is fixed (`cfg.window`, an `AsyncWindow`), so async runs are
 deterministic and resume exactly. Between iterations the flow follows `grpo scale` (control.json).
 
 Engines (the policy actor, the scorer's processes) are created once per flow run. Each task returns a small
@@ -34,12 +34,13 @@ from grpo_core.report import plot_curves, plot_timeline, summary_lines
 from grpo_core.rewards.scorer import Scorer
 from grpo_core.runs import RunStatus, requested_samplers
 from grpo_core.storage import RunStore
-from tasks.checkpoint import begin_checkpoint, commit_checkpoint
+from tasks.checkpoint import begin_checkpoint, commit_checkpoint, restore, save_final
 from tasks.console import RunConsole
 from tasks.context import Opaque, RunContext
 from tasks.evaluate import evaluate
 from tasks.inbox import take_inbox
 from tasks.io_retry import io_retry_options
+from tasks.results import IterationTimes, RolloutResult, ScoreResult, iteration_row
 from tasks.rollout import rollout
 from tasks.run_log import run_logging
 from tasks.run_state import latest_checkpoint, prepare_run, record, resolve_inputs, scale_samplers, write_status
@@ -53,17 +54,23 @@ class RunFailed(RuntimeError):
 
 
 class _Stages:
-    """The flow run's tasks, each with the storage retry policy of this run's config, called through `Opaque`."""
+    """The flow run's tasks, each with the storage retry policy of this run's config, called through `Opaque`.
+    Every stage the flow runs goes through one of these."""
 
     def __init__(self, cfg: GRPOConfig):
         opts = io_retry_options(cfg.storage)
-        for name, fn in (("rollout", rollout), ("score", score), ("assemble", assemble), ("train", train),
-                         ("sync", sync), ("evaluate", evaluate), ("begin_checkpoint", begin_checkpoint),
-                         ("commit_checkpoint", commit_checkpoint), ("record", record),
-                         ("write_status", write_status), ("latest_checkpoint", latest_checkpoint),
-                         ("scale_samplers", scale_samplers), ("take_inbox", take_inbox),
-                         ("prepare_run", prepare_run), ("resolve_inputs", resolve_inputs)):
-            setattr(self, name, Opaque(fn.with_options(**opts)))
+
+        def stage(fn) -> Opaque:
+            return Opaque(fn.with_options(**opts))
+
+        self.prepare_run, self.resolve_inputs = stage(prepare_run), stage(resolve_inputs)
+        self.take_inbox, self.rollout, self.score, self.assemble = \
+            stage(take_inbox), stage(rollout), stage(score), stage(assemble)
+        self.train, self.sync, self.evaluate = stage(train), stage(sync), stage(evaluate)
+        self.begin_checkpoint, self.commit_checkpoint = stage(begin_checkpoint), stage(commit_checkpoint)
+        self.latest_checkpoint, self.restore, self.save_final = \
+            stage(latest_checkpoint), stage(restore), stage(save_final)
+        self.record, self.write_status, self.scale_samplers = stage(record), stage(write_status), stage(scale_samplers)
 
 
 def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: dict[str, list[str]]) -> RunContext:
@@ -104,8 +111,8 @@ class _Batch:
     """One iteration's training batch as collected: rollout task results (one per dynamic-sampling round), the
     score result, the seconds spent inside the engines and scorer, the wall seconds, stage timestamps, and the
     take-inbox result."""
-    rollouts: list[dict[str, Any]]
-    scored: dict[str, Any]
+    rollouts: list[RolloutResult]
+    scored: ScoreResult
     inside: float
     wall: float
     stamps: dict[str, float]
@@ -124,24 +131,23 @@ def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
     rollouts, scored = [], []
     batch = DynamicBatch(cfg.rollout.prompts_per_iteration, cfg.algo.max_resample_times, cfg.algo.filter_range) \
         if cfg.algo.filter_groups else None
-    taken = stages.take_inbox(ctx, iteration) if cfg.rollout.max_staleness > 0 and batch is None else None
+    taken = stages.take_inbox(ctx, iteration) if cfg.window.takes_inbox(cfg.algo.filter_groups) else None
     while not rollouts or (batch is not None and not (batch.full or batch.exhausted)):
         rollouts.append(stages.rollout(ctx, iteration, len(rollouts)))
         stamps["rollout_ended_at"] = ctx.clock()
         stamps.setdefault("score_started_at", stamps["rollout_ended_at"])
-        scored.append(stages.score(ctx, iteration, rollouts[-1]["name"]))
+        scored.append(stages.score(ctx, iteration, rollouts[-1].name))
         stamps["score_ended_at"] = ctx.clock()
         if batch is not None:
-            success = torch.tensor(scored[-1].pop("group_success"), dtype=torch.float64)
+            success = torch.tensor(scored[-1].group_success, dtype=torch.float64)
             batch.add(success, list(range(success.shape[0])))
     if batch is None:
         sc = scored[0]
-    else:
-        out = stages.assemble(ctx, iteration, [s["name"] for s in scored])
-        sc = dict(scored[0])
-        sc.update({k: v for k, v in out.items() if k != "name"})
-        sc["score_seconds"] = sum(s.get("score_seconds", 0.0) for s in scored)
-    inside = sum(r["seconds"] for r in rollouts if not r.get("reused")) + _score_seconds(sc)
+    else:  # the assembled batch: the first round's reward metrics, the group counts, every round's seconds
+        out = stages.assemble(ctx, iteration, [s.name for s in scored])
+        sc = ScoreResult(out.name, out.rows, False, {**scored[0].metrics, **out.metrics,
+                                                     "score_seconds": sum(s.seconds for s in scored)})
+    inside = sum(r.seconds for r in rollouts if not r.reused) + sc.seconds
     return _Batch(rollouts, sc, inside, time.perf_counter() - t0, stamps, taken or {"groups": 0, "rows": 0})
 
 
@@ -263,7 +269,7 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Cons
           f"DeepSpeed init {info['learner_init_s']:.1f}s); run folder {store.uri}")
     resumed_from = None
     if ref is not None:
-        restored = ctx.engines.restore(ref)
+        restored = stages.restore(ctx, ref)
         resumed_from = ref.name
         print(f"resuming {cfg.run_name} from {ref.name}, policy version {ref.policy_version} "
               f"(restored in {restored['seconds']:.1f}s; continuing at iteration {ref.next_iteration})")
@@ -279,7 +285,7 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Cons
             print(f"could not publish the metrics table: {exc!r}")
         raise
     stages.commit_checkpoint(ctx, wait=True)
-    saved = ctx.engines.save_final()
+    saved = stages.save_final(ctx)
     metrics = store.read_metrics()
     store.put_bytes("curves.png", plot_curves(metrics))
     store.put_bytes("timeline.png", plot_timeline(metrics))
@@ -319,7 +325,7 @@ def _iterate_with_recovery(ctx: RunContext, stages: _Stages, start: int, console
             ctx.status.actors = info["actors"]
             ref = stages.latest_checkpoint(store)
             if ref is not None:
-                ctx.engines.restore(ref)
+                stages.restore(ctx, ref)
             start = ref.next_iteration if ref is not None else 0
             print(f"{lost}\nrecreated the engine actors ({ctx.status.recoveries}/{cfg.cluster.max_actor_restarts}) "
                   f"in {info['recreate_s']:.1f}s and restored "
@@ -334,39 +340,33 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
     """Iterations ``start..iterations-1`` and the final evaluation; returns the last evaluation. Each recorded
     row and evaluation also goes to the run's artifacts in the Prefect UI (``console``)."""
     cfg, store = ctx.cfg, ctx.store
-    lag = cfg.rollout.max_staleness
+    window = cfg.window  # the async rule: what is collected when, which rows may train
     do_eval = bool(ctx.eval_sets) and cfg.eval.interval > 0
     last_eval: dict[str, Any] | None = None
     batches: dict[int, _Batch] = {}  # collected, not yet trained on (async: up to s ahead)
     with Progress(cfg.iterations, console=terminal, completed=start) as progress:
         for it in range(start, cfg.iterations):
             t0 = time.perf_counter()
-            row: dict[str, Any] = {"iteration": it, "run_attempt": ctx.status.attempt}
             wanted = requested_samplers(store) if cfg.cluster.placement == "split" else None
             if wanted is not None and wanted != len(ctx.engines.samplers):
                 stages.scale_samplers(ctx, wanted)
-            row["samplers"] = len(ctx.engines.live_sampler_ids())
-            resync = ensure_synced(ctx, expected_learner_version=cfg.policy_version_before(it))
-            row["resynced"] = resync is not None
-            row["eval_accuracy"] = None
+            samplers = len(ctx.engines.live_sampler_ids())
+            resync = ensure_synced(ctx, expected_learner_version=window.learner_version(it),
+                                   sync_stage=stages.sync)
+            evaluation, eval_s = None, None
             if do_eval and it % cfg.eval.interval == 0:
-                last_eval = stages.evaluate(ctx, it)
-                row["eval_accuracy"] = last_eval["accuracy"]
-                row.update(last_eval["metrics"])
+                evaluation = last_eval = stages.evaluate(ctx, it)
                 console.evaluation(it, last_eval)
-                row["time_eval_s"] = time.perf_counter() - t0
+                eval_s = time.perf_counter() - t0
             t1 = time.perf_counter()
-            # The batches this iteration needs before training: its own and, in async RL, the next s - 1 (at a
-            # start or restart: sampled with the first weights, or found complete in the run folder).
             serial = 0.0
-            for j in range(it, min(it + max(1, lag), cfg.iterations)):
-                if j not in batches:
-                    batches[j] = _collect_batch(ctx, stages, j)
-                    serial += batches[j].inside
+            for j in window.collect_before_training(it, collected=set(batches)):
+                batches[j] = _collect_batch(ctx, stages, j)
+                serial += batches[j].inside
             batch = batches.pop(it)
             _poll_checkpoint(ctx, stages)
             t2 = time.perf_counter()
-            ahead = it + lag if lag and it + lag < cfg.iterations else None
+            ahead = window.beside_update(it)
             if ahead is None:
                 tr = stages.train(ctx, it)
             else:  # async: the rollout of iteration it + s runs while this one trains
@@ -379,43 +379,21 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
             t3 = time.perf_counter()
             sync_started = ctx.clock()
             checked = it % cfg.weights.check_every == 0 or it == cfg.iterations - 1
-            sy = stages.sync(ctx, check=(it, batch.rollouts[0]["name"]) if checked else None, iteration=it)
+            sy = stages.sync(ctx, check=(it, batch.rollouts[0].name) if checked else None, iteration=it)
             t4 = time.perf_counter()
-            check_s = sy.get("check_seconds", 0.0)
-            overlapped = max(tr["seconds"], batches[ahead].inside if ahead is not None else 0.0)
-            rollouts, sc = batch.rollouts, batch.scored
-            staleness_mean, staleness_max = _staleness(cfg, it, rollouts, batch.inbox)
-            if staleness_max > lag:  # the sampling-version rule makes this impossible; never train on it if it did
-                raise RuntimeError(f"iteration {it}'s batch is {staleness_max} iterations stale, more than "
-                                   f"rollout.max_staleness={lag}")
-            row.update({
-                "policy_version": rollouts[0]["policy_version"],
-                "staleness_mean": staleness_mean, "staleness_max": staleness_max,
-                "inbox_groups": batch.inbox["groups"], "inbox_rejected": batch.inbox.get("rejected", 0),
-                "reward_mean": sc["reward_mean"],
-                "accuracy_mean": sc.get("reward_accuracy_mean"), "distinct_frac": sc.get("distinct_frac"),
-                "loss": tr["loss"], "grad_norm": tr["grad_norm"], "lr": tr["lr"],
-                "clipfrac": tr.get("clipfrac"), "clipfrac_low": tr.get("clipfrac_low"),
-                "clipfrac_high": tr.get("clipfrac_high"), "approx_kl": tr.get("approx_kl"),
-                "kl_ref": tr.get("kl_ref"), "entropy": tr.get("entropy"),
-                "mismatch_abs_logp_mean": tr.get("mismatch_abs_logp_mean"),
-                "mismatch_abs_logp_max": tr.get("mismatch_abs_logp_max"),
-                "tis_weight_mean": tr.get("tis_weight_mean"), "tis_capped_frac": tr.get("tis_capped_frac"),
-                "response_length_mean": rollouts[0]["response_length_mean"],
-                "truncated_frac": rollouts[0]["truncated_frac"],
-                "kept_frac": sc.get("kept_frac"), "rollout_rounds": len(rollouts),
-                "samplers_lost": sum(r.get("samplers_lost", 0) for r in rollouts),
-                "filtered_group_frac": sc.get("filtered_group_frac"),
-                "time_rollout_s": batch.wall - _score_seconds(sc), "time_score_s": _score_seconds(sc),
-                "sync_logprob_max_diff": sy.get("sync_logprob_max_diff"),
-                **{k: v for k, v in sy.items() if k.startswith("sync_logprob_max_diff_sampler")},
-                "time_train_s": t3 - t2, "time_sync_s": t4 - t3 - check_s,
-                "time_sync_check_s": sy.get("check_seconds"), "time_total_s": t4 - t0,
+            check_s = sy.check_seconds or 0.0
+            overlapped = max(tr.seconds, batches[ahead].inside if ahead is not None else 0.0)
+            taken = batch.inbox
+            staleness = window.staleness_of(it, batch.rollouts[0].policy_version, cfg.batch_size, taken["rows"],
+                                            taken.get("version_sum", 0), taken.get("version_min"))
+            times = IterationTimes(
+                eval_s=eval_s, rollout_s=batch.wall - batch.scored.seconds, train_s=t3 - t2,
+                sync_s=t4 - t3 - check_s, total_s=t4 - t0,
                 # orchestration: the iteration's wall time beyond the engines' work on its critical path
-                "time_overhead_s": (t4 - t1) - serial - overlapped - sy["seconds"] - check_s,
-                **batch.stamps, "train_started_at": tr["started_at"], "train_ended_at": tr["ended_at"],
-                "sync_started_at": sync_started, "sync_ended_at": ctx.clock(),
-            })
+                overhead_s=(t4 - t1) - serial - overlapped - sy.seconds - check_s,
+                stamps=batch.stamps, sync_started_at=sync_started, sync_ended_at=ctx.clock())
+            row = iteration_row(it, ctx.status.attempt, samplers, resync is not None, evaluation, batch.rollouts,
+                                batch.scored, taken, staleness, tr, sy, times)
             # The checkpoint of iteration `it` is only started here (a copy in memory); it is committed later,
             # after this row is recorded, so a resume from it always finds the rows of the iterations it holds.
             if cfg.is_checkpoint_iteration(it):
@@ -445,20 +423,6 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
     return last_eval
 
 
-def _staleness(cfg: GRPOConfig, iteration: int, rollouts: list[dict[str, Any]],
-               taken: dict[str, Any]) -> tuple[float, float]:
-    """(mean, max) over the batch's rows of how many iterations the learner is ahead of the weights that sampled
-    them: our rollouts share one version, inbox rows carry their own."""
-    steps, learner = cfg.optimizer_steps_per_iteration, cfg.policy_version_before(iteration)
-    own_rows = cfg.batch_size - taken["rows"]
-    own = (learner - rollouts[0]["policy_version"]) / steps
-    if not taken["rows"]:
-        return own, own
-    outside_mean = (learner * taken["rows"] - taken["version_sum"]) / steps / taken["rows"]
-    mean = (own * own_rows + outside_mean * taken["rows"]) / cfg.batch_size
-    return mean, max(own, (learner - taken["version_min"]) / steps)
-
-
 def _poll_checkpoint(ctx: RunContext, stages: _Stages) -> None:
     """Commit the checkpoint being written as soon as its files are (a cheap actor call while it is not)."""
     pending = ctx.pending_checkpoint
@@ -466,7 +430,3 @@ def _poll_checkpoint(ctx: RunContext, stages: _Stages) -> None:
         pending.written = ctx.engines.checkpoint_result(wait=False)
     if pending is not None and pending.written is not None:
         stages.commit_checkpoint(ctx, wait=False)
-
-
-def _score_seconds(sc: dict[str, Any]) -> float:
-    return float(sc.get("score_seconds", 0.0))

@@ -25,8 +25,13 @@ def _offline_defaults() -> None:
                        ("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE", "200"),
                        ("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL", "2")):
         os.environ.setdefault(key, value)
+    if not os.path.exists("/dev/nvidiactl"):  # no NVIDIA driver: DeepSpeed would warn on every import that it
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # found no GPU and falls back to the CPU
     if os.environ.get("PREFECT_HOME"):  # Prefect does not create missing parents, then its database fails to open
         os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)
+        # Prefect 3's default memo store path ignores PREFECT_HOME (~/.prefect/memo_store.toml, unwritable on some
+        # machines: "Unable to write to memo_store.toml"); keep it with the rest of Prefect's files.
+        os.environ.setdefault("PREFECT_MEMO_STORE_PATH", os.path.join(os.environ["PREFECT_HOME"], "memo_store.toml"))
 
 
 def _cmd_model_tiny(args: argparse.Namespace) -> int:
@@ -92,9 +97,10 @@ def _cmd_runs_list(args: argparse.Namespace) -> int:
 
 def _cmd_scale(args: argparse.Namespace) -> int:
     from grpo_core.runs import request_samplers
-    from grpo_core.storage import RunStore
 
-    store = RunStore(args.root, args.run, json.loads(args.storage_options) if args.storage_options else None)
+    store = _run_store(args)
+    if store is None:
+        return 2
     cfg = store.read_config()
     if cfg is None:
         print(f"error: no run {args.run!r} under {args.root} (no config.json)", file=sys.stderr)
@@ -114,9 +120,10 @@ def _cmd_runs_show(args: argparse.Namespace) -> int:
     from grpo_core import checkpoint
     from grpo_core.report import metrics_table
     from grpo_core.runs import read_status, summarize
-    from grpo_core.storage import RunStore
 
-    store = RunStore(args.root, args.run, json.loads(args.storage_options) if args.storage_options else None)
+    store = _run_store(args)
+    if store is None:
+        return 2
     if store.read_config() is None:
         print(f"error: no run {args.run!r} under {args.root} (no config.json)", file=sys.stderr)
         return 2
@@ -159,12 +166,29 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_store(args: argparse.Namespace):
+    """The run of ``args.run`` (a name under ``args.root`` or a run folder's path), or None after printing why
+    there is none."""
+    from grpo_core.runs import locate_run
+    from grpo_core.storage import RunStore
+
+    try:
+        root, run = locate_run(args.run, args.root)
+    except ValueError as err:
+        folder = os.path.normpath(args.run)
+        print(f"error: {args.run}: {err}; a run is named under its root: {os.path.basename(folder)} --root "
+              f"{os.path.dirname(folder) or '.'}", file=sys.stderr)
+        return None
+    return RunStore(root, run, json.loads(args.storage_options) if args.storage_options else None)
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     """Base + a LoRA run's adapter merged into a plain HF model folder (peft's merge_and_unload)."""
-    from grpo_core.storage import RunStore
     from grpo_core.weights.lora import ExportError, export_merged
 
-    store = RunStore(args.root, args.run, json.loads(args.storage_options) if args.storage_options else None)
+    store = _run_store(args)
+    if store is None:
+        return 2
     try:
         out = export_merged(store, args.out, checkpoint=args.checkpoint)
     except ExportError as err:
@@ -279,14 +303,14 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
                                   ("show", "one run in detail", _cmd_runs_show)):
         r = rsub.add_parser(name, help=help_text)
         if name == "show":
-            r.add_argument("run", help="run name (its folder under --root)")
+            r.add_argument("run", help="run name (its folder under --root) or the run folder's path")
             r.add_argument("--last", type=int, default=10, help="metrics rows to show")
         r.add_argument("--root", default="runs", help="storage root (a folder or s3://bucket/prefix)")
         r.add_argument("--storage-options", default=None, help="fsspec options as JSON (S3 endpoint, keys)")
         r.set_defaults(func=func)
 
     p = sub.add_parser("scale", help="change the number of sampler actors of a running flow (split placement)")
-    p.add_argument("run", help="run name (its folder under --root)")
+    p.add_argument("run", help="run name (its folder under --root) or the run folder's path")
     p.add_argument("--samplers", type=int, required=True, help="sampler actors from the next iteration on")
     p.add_argument("--root", default="runs", help="storage root (a folder or s3://bucket/prefix)")
     p.add_argument("--storage-options", default=None, help="fsspec options as JSON (S3 endpoint, keys)")
@@ -312,7 +336,7 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     p = sub.add_parser("export", help="write a LoRA run's policy as a plain HF model (base + adapter merged)")
     p.add_argument("--merge", action="store_true", required=True,
                    help="merge the adapter into the base weights (the only export there is)")
-    p.add_argument("run", help="run name (its folder under --root)")
+    p.add_argument("run", help="run name (its folder under --root) or the run folder's path")
     p.add_argument("out", help="new local folder for the merged model")
     p.add_argument("--checkpoint", default=None, metavar="iter-N", help="a committed checkpoint instead of final/")
     p.add_argument("--root", default="runs", help="storage root (a folder or s3://bucket/prefix)")

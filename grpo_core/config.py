@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 if TYPE_CHECKING:
+    from grpo_core.pipeline.async_window import AsyncWindow
     from datetime import datetime
 
 
@@ -495,28 +496,33 @@ class GRPOConfig(_Section):
 
     @property
     def transport(self) -> str:
-        """The weight transport, ``auto`` resolved: inprocess for colocate, broadcast for split."""
+        """The weight transport's kind, ``auto`` resolved (``grpo_core.weights.transport.auto_kind``)."""
+        from grpo_core.weights.transport import auto_kind
+
         if self.weights.transport != "auto":
             return self.weights.transport
-        if self.model.lora is not None and self.cluster.placement == "split":
-            return "files"  # LoRA: the adapter is a few MiB of files; vLLM's broadcast engines send full weights
-        if self.cluster.placement == "external":
-            return "files"  # reaches a server on any host that can read the run store
-        return "inprocess" if self.cluster.placement == "colocate" else "broadcast"
+        return auto_kind(self.cluster.placement, self.model.lora is not None)
 
     @property
     def optimizer_steps_per_iteration(self) -> int:
         """Policy-version increments per iteration: ppo_epochs x mini-batches."""
         return self.train.ppo_epochs * (self.batch_size // self.mini_batch_size)
 
+    @property
+    def window(self) -> "AsyncWindow":
+        """The async rule (``rollout.max_staleness``): which weights sample which iteration, what runs beside an
+        update, which rows an iteration may train on."""
+        from grpo_core.pipeline.async_window import AsyncWindow
+
+        return AsyncWindow(self.rollout.max_staleness, self.optimizer_steps_per_iteration, self.iterations)
+
     def policy_version_before(self, iteration: int) -> int:
-        """The learner's policy version when ``iteration`` starts (its rollouts are sampled with it)."""
-        return iteration * self.optimizer_steps_per_iteration
+        """The learner's policy version when ``iteration`` starts."""
+        return self.window.learner_version(iteration)
 
     def sampling_version(self, iteration: int) -> int:
-        """The policy version that samples ``iteration``'s rollouts: with ``rollout.max_staleness`` s, the one the
-        learner had s iterations earlier (the rollout runs while iteration ``iteration - s`` trains)."""
-        return self.policy_version_before(max(0, iteration - self.rollout.max_staleness))
+        """The policy version that samples ``iteration``'s rollouts (``AsyncWindow.sampling_version``)."""
+        return self.window.sampling_version(iteration)
 
     def starting_from(self, weights_folder: str | None) -> "GRPOConfig":
         """This config with its initial weights (and tokenizer) read from ``weights_folder`` (the resolved
@@ -587,20 +593,18 @@ class GRPOConfig(_Section):
         return self
 
     def _check_lora(self) -> None:
-        """LoRA ships adapters, never full weights: transports that stream full state dicts into vLLM's weights
-        (broadcast, cuda_ipc) cannot carry them, and ZeRO-3 would partition the frozen base (unsupported here)."""
+        """LoRA trains a small adapter on a frozen base: ZeRO-3 would partition the base (unsupported here). Which
+        transports carry adapters is the transport's own check."""
         if self.model.lora is None:
             return
-        if self.transport in ("broadcast", "cuda_ipc"):
-            raise ValueError(f"model.lora is set: each sync ships only the adapter, which weights.transport="
-                             f"{self.transport} cannot carry (it streams full weights into vLLM); use files "
-                             "(placement=split; auto picks it) or inprocess (placement=colocate)")
         if self.train.zero_stage == 3:
             raise ValueError("model.lora is not supported with train.zero_stage=3: the adapter and its optimizer "
                              "state are small, use train.zero_stage 0-2 (the frozen base is not partitioned)")
 
     def _check_placement(self) -> None:
-        c, transport = self.cluster, self.weights.transport
+        from grpo_core.weights.transport import make_transport
+
+        c = self.cluster
         if c.ray_address and "{{" in c.ray_address:
             raise ValueError(f"cluster.ray_address={c.ray_address!r} is an unresolved deployment template: deploy "
                              "with GRPO_RAY_ADDRESS set (`grpo stack up` does), or give the address")
@@ -617,9 +621,6 @@ class GRPOConfig(_Section):
             bad = [u for u in c.servers if not u.startswith(("http://", "https://"))]
             if bad:
                 raise ValueError(f"cluster.servers must be http(s) base URLs, got {bad}")
-            if self.transport not in ("files", "broadcast"):
-                raise ValueError(f"weights.transport={self.transport} cannot reach a server process: use files "
-                                 "(the server reads weights/v-N/ from the run store) or broadcast (gloo)")
         elif c.servers:
             raise ValueError(f"cluster.servers is set but cluster.placement={c.placement}: servers are used only "
                              "with placement=external")
@@ -627,14 +628,7 @@ class GRPOConfig(_Section):
             raise ValueError(
                 f"cluster.placement=colocate puts one sampler and one learner rank in each actor: cluster.samplers "
                 f"({c.samplers}) must equal cluster.learners ({c.learners}); use placement=split for other counts")
-        if transport == "inprocess" and c.placement != "colocate":
-            raise ValueError(f"weights.transport=inprocess needs sampler and learner in one actor "
-                             f"(cluster.placement=colocate), not placement={c.placement}; use broadcast or files")
-        if (transport == "cuda_ipc" and c.placement != "split") or (transport == "broadcast"
-                                                                     and c.placement == "colocate"):
-            raise ValueError(f"weights.transport={transport} moves weights between separate actors: it needs "
-                             f"cluster.placement=split{' or external' if transport == 'broadcast' else ''} "
-                             "(colocated actors use inprocess)")
+        make_transport(self.transport).check(self)  # what the transport's kind can do with this placement
         tp = self.rollout.tensor_parallel_size
         gpus = (c.sampler_resources if c.placement == "split" else c.learner_resources).num_gpus
         if tp > 1 and gpus < tp:
@@ -642,10 +636,6 @@ class GRPOConfig(_Section):
                 f"rollout.tensor_parallel_size={tp} runs one vLLM worker per GPU: the sampler actors need "
                 f"cluster.{'sampler' if c.placement == 'split' else 'learner'}_resources.num_gpus >= {tp} "
                 f"(got {gpus})")
-        if transport == "cuda_ipc" and (c.sampler_resources.num_gpus <= 0 or c.learner_resources.num_gpus <= 0):
-            raise ValueError("weights.transport=cuda_ipc shares GPU memory between a learner and a sampler on the "
-                             "same GPU: set cluster.sampler_resources.num_gpus and cluster.learner_resources.num_gpus "
-                             "(fractions, e.g. 0.5 each)")
 
 
 # Fields a resumed run may change: they decide how long the run goes on and how it is operated, never what an

@@ -13,6 +13,7 @@ import os
 import socket
 import tempfile
 import time
+from dataclasses import asdict
 from typing import Any
 
 import pyarrow as pa
@@ -28,21 +29,14 @@ from grpo_core.rollout.sampler import Sample, SamplerSpec, VLLMSampler
 from grpo_core.storage import RunStore
 from grpo_core.train.batch import pack_batch
 from grpo_core.train.learner import Learner, LearnerSpec
-from grpo_core.weights.inprocess import push_in_process
-from grpo_core.weights.lora import ADAPTER_FILES, is_adapter_dir, push_adapter_in_process
-from grpo_core.weights.transfer import (backend_for, largest_tensor_bytes, learner_source, trainer_engine,
-                                        trainer_init_info)
+from grpo_core.weights.files import FilesTransport, serve_folder
+from grpo_core.weights.lora import is_adapter_dir
+from grpo_core.weights.transfer import register_backends
+from grpo_core.weights.transport import Ends, make_transport
 
 # Files of an HF model folder that describe its tokenizer (copied next to the trained weights).
 _TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template", "vocab", "merges", "added_tokens")
-# weights/v-000042/: the files transport's published versions; READY is written last.
-PUBLISHED = "weights"
-READY = "READY"
 _RENDEZVOUS_TIMEOUT_S = 600
-
-
-def published_path(version: int) -> str:
-    return f"{PUBLISHED}/v-{version:06d}"
 
 
 def sampling_seed(seed: int, iteration: int, group: int) -> int:
@@ -115,8 +109,8 @@ class EngineWorker:
         # (iteration, metrics) of the last update: a retried train call (its output write failed) must not step
         # the optimizer twice.
         self._last_train: tuple[int, dict[str, Any]] | None = None
-        self._transfer = None  # vLLM trainer-side weight-transfer engine (broadcast, cuda_ipc)
-        self._transfer_client = None
+        self.transport = make_transport(cfg.transport)  # weights.transport: this actor's ends of it
+        self._catch_up = FilesTransport()  # how a new sampler gets the current weights, whatever the transport
         self._rendezvous = None  # learner rank 0: the held TCPStore of the learners' group
         self.dtype = resolve_dtype(cfg.model.dtype)  # what this actor's engines compute in (auto: its device's)
 
@@ -150,13 +144,15 @@ class EngineWorker:
             if cfg.model.lora is not None:  # adapters go on model.path's weights, whatever the server held before
                 self.sampler.restore_base(os.path.abspath(cfg.model.path))
         elif self.sampler_id is not None:
+            backend = self.transport.sampler_backend()
+            if backend is not None:
+                register_backends()  # our gloo engine, before vLLM builds its workers
             self.sampler = VLLMSampler(SamplerSpec(
                 model_path=cfg.model.path, dtype=self.dtype, seed=cfg.seed, kv_cache_mb=cfg.rollout.kv_cache_mb,
                 max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
                 enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                 tensor_parallel_size=cfg.rollout.tensor_parallel_size,
-                weight_transfer_backend=backend_for(cfg.transport) if cfg.transport in ("broadcast", "cuda_ipc")
-                else None,
+                weight_transfer_backend=backend,
                 max_lora_rank=cfg.model.lora.vllm_max_rank if cfg.model.lora is not None else None,
                 lora_target_modules=tuple(cfg.model.lora.target_modules) if cfg.model.lora is not None else None,
                 share_prompt_prefill=cfg.rollout.share_prompt_prefill))
@@ -233,42 +229,35 @@ class EngineWorker:
             started = time.perf_counter()
             self.sampler.serve_base(version)
             return time.perf_counter() - started
-        return self._serve_dir(model_dir, version)
+        return serve_folder(self.sampler, model_dir, version)
 
-    def _serve_dir(self, folder: str, version: int) -> float:
-        """A local policy folder into the sampler: a peft adapter (``adapter_config.json``: LoRA) or full weights."""
-        if is_adapter_dir(folder):
-            return self.sampler.load_adapter(folder, version)
-        return self.sampler.load_weights_from_dir(folder, version)
+    @property
+    def ends(self) -> Ends:
+        """This actor's ends of the weight transport."""
+        return Ends(cfg=self.cfg, store=self.store, learner=self.learner, sampler=self.sampler,
+                    rank=self.learner_rank)
+
+    def publish_weights(self, keep_versions: list[int]) -> dict[str, Any] | None:
+        """Learner side of ``weights.transport`` (every learner rank together): make the current version
+        available to the samplers (``keep_versions``: what they serve now)."""
+        out = self.transport.publish(self.ends, keep_versions)
+        return None if out is None else asdict(out)
+
+    def receive_weights(self, version: int) -> None:
+        """Sampler side of ``weights.transport``, after every learner rank published ``version``."""
+        self.transport.receive(self.ends, version)
+
+    def publish(self, keep_versions: list[int]) -> dict[str, Any] | None:
+        """Catch-up route (learner ranks together): the current version into the run store's ``weights/v-N/``
+        unless there, dropping versions no sampler still needs (``grpo_core.weights.files``)."""
+        out = self._catch_up.publish(self.ends, keep_versions)
+        return None if out is None else asdict(out)
 
     def load_published(self, version: int) -> dict[str, float]:
-        """Catch up through the files transport: load ``weights/v-N/`` from the run store."""
+        """Catch up through the run store: load ``weights/v-N/``."""
         started = time.perf_counter()
-        rel = published_path(version)
-        local = self.store.local_path(rel)
-        if self.cfg.cluster.placement == "external":
-            self._server_load(rel, local, version)
-        elif local is not None:
-            self._serve_dir(local, version)
-        else:
-            with tempfile.TemporaryDirectory(prefix="grpo-weights-") as tmp:
-                for name in self.store.list_files(rel):
-                    if name.endswith(".safetensors") or name in ADAPTER_FILES:
-                        self.store.get_file(f"{rel}/{name}", os.path.join(tmp, name))
-                self._serve_dir(tmp, version)  # a LoRA adapter is read while loading: the copy may go
+        self._catch_up.receive(self.ends, version)
         return {"seconds": time.perf_counter() - started, "version": float(version)}
-
-    def _server_load(self, rel: str, local: str | None, version: int) -> None:
-        """External placement: the server reads the published version from the run store itself (it may run on
-        another host; the store is the one thing both sides reach)."""
-        if self.cfg.model.lora is not None:
-            if local is None:
-                raise ValueError(f"model.lora with cluster.placement=external: vLLM servers load adapters from a "
-                                 f"path, but the run store is {self.store.url(rel)}; use a storage.root on a "
-                                 "filesystem the servers can read")
-            self.sampler.load_adapter(local, version)
-        else:
-            self.sampler.load_from_store(local or self.store.url(rel), self.cfg.storage.options, version)
 
     def server_alive(self) -> bool:
         """External placement: whether this actor's server answers its health check."""
@@ -287,31 +276,16 @@ class EngineWorker:
     def wt_finish(self, version: int | None) -> None:
         self.sampler.finish_transfer(version)
 
-    def wt_shutdown(self) -> None:
+    def leave_transfer(self) -> None:
         """Leave the transfer group (before the group is formed again with other samplers)."""
-        if self.sampler is not None:
-            self.sampler.shutdown_transfer()
-        if self.learner is not None and self._transfer is not None:
-            self._transfer.shutdown()
-            self._transfer = None
+        self.transport.leave_group(self.ends)
 
     # ------------------------------------------------------------------------------------------ learner side
-    def wt_trainer_init(self, client, host: str, port: int) -> None:
-        """Every learner rank: vLLM's trainer-side engine for the transport; rank 0 rendezvouses with every
-        sampler worker through ``client`` (a ``VLLMWeightSyncClient`` over the sampler actors, built by the cluster
-        layer) and sends, the others join the gathers."""
-        self._transfer_client = client
-        info = trainer_init_info(backend_for(self.cfg.transport), rank=self.learner_rank, host=host, port=port,
-                                 world_size=1 + client.workers, bucket_bytes=self.cfg.weights.bucket_mb * 2**20,
-                                 largest_bytes=largest_tensor_bytes(self.learner.engine.module))
-        self._transfer = trainer_engine(info, client, learner_source(self.learner))
-
-    def wt_send(self) -> dict[str, float]:
-        """One weight update through the transfer engine (every learner rank calls it together)."""
-        started = time.perf_counter()
-        self._transfer_client.version = self.learner.version
-        self._transfer.send_weights()
-        return {"seconds": time.perf_counter() - started, "version": float(self.learner.version)}
+    def join_transfer(self, client, host: str, port: int) -> None:
+        """Every learner rank: join the transfer group of a ``forms_group`` transport; rank 0 rendezvouses with
+        every sampler worker through ``client`` (a ``VLLMWeightSyncClient`` over the sampler actors, built by the
+        cluster layer) and sends, the others join the gathers."""
+        self.transport.join_group(self.ends, client, host, port)
 
     def train(self, iteration: int, name: str = "scored.parquet") -> dict[str, Any]:
         """This rank's share of one policy update on the iteration's scored batch (every rank reads the whole batch:
@@ -355,41 +329,9 @@ class EngineWorker:
         logp = self.learner.logprobs(batch, temperature=1.0)
         return [logp[i, p - 1: len(s) - 1].tolist() for i, (s, p) in enumerate(zip(sequences, prompt_lens))]
 
-    def push_inprocess(self) -> dict[str, float]:
-        """Colocated: the learner's tensors straight into this actor's sampler (with LoRA: only the adapter,
-        through a temporary peft folder)."""
-        if self.cfg.model.lora is not None:
-            return push_adapter_in_process(self.learner, self.sampler)
-        return push_in_process(self.learner, self.sampler)
-
     def _joins_gather_only(self) -> bool:
         """On a learner rank other than 0, take part in gathering full weights (ZeRO-3's collective) and stop."""
-        if self.learner_rank == 0:
-            return False
-        if self.cfg.train.zero_stage == 3:
-            self.learner.named_weights()
-        return True
-
-    def publish(self, keep_versions: list[int]) -> dict[str, Any] | None:
-        """Files transport (rank 0): write the current weights to ``weights/v-N/`` (safetensors, config; READY
-        last; with LoRA the peft adapter alone) unless already there, and delete published versions no sampler
-        still needs."""
-        if self._joins_gather_only():
-            return None
-        started = time.perf_counter()
-        version = self.learner.version
-        rel = published_path(version)
-        wrote = False
-        if not self.store.exists(f"{rel}/{READY}"):
-            CheckpointWriter(self.store, rel, self.learner.hf_snapshot(),
-                             retry_delays=self.cfg.storage.retry_delays).start().result(wait=True)
-            self.store.put_bytes(f"{rel}/{READY}", str(version).encode())
-            wrote = True
-        keep = {published_path(v).rsplit("/", 1)[-1] for v in keep_versions} | {rel.rsplit("/", 1)[-1]}
-        for name in self.store.list_dirs(PUBLISHED):
-            if name not in keep:
-                self.store.delete(f"{PUBLISHED}/{name}")
-        return {"seconds": time.perf_counter() - started, "version": version, "wrote": wrote}
+        return self.ends.joins_gather_only()
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def checkpoint_begin(self, iteration: int) -> dict[str, Any]:

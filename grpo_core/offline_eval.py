@@ -52,11 +52,13 @@ def resolve_policy(stack: ExitStack, *, model: str | None = None, run: str | Non
     from grpo_core.storage import RunStore
     from grpo_core.weights.lora import ADAPTER_CONFIG, ExportError, export_merged, policy_folder
 
+    from grpo_core.runs import locate_run
+
     try:
-        store = RunStore(root, run, storage_options)
+        store = RunStore(*locate_run(run, root), storage_options)
     except ValueError as err:
-        hint = f" (a run name under --root; for {run!r} try --run {os.path.basename(os.path.normpath(run))} --root " \
-               f"{os.path.dirname(os.path.normpath(run)) or '.'})" if "/" in run else ""
+        hint = f" (try --run {os.path.basename(os.path.normpath(run))} --root {os.path.dirname(os.path.normpath(run))})" \
+            if "/" in run else ""
         raise EvalError(f"--run {run!r}: {err}{hint}") from None
     if store.read_config() is None:
         raise EvalError(f"{store.uri}: no run there (no config.json)")

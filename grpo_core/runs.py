@@ -26,6 +26,18 @@ FINAL = "final"  # the finished policy's folder in a run
 FINAL_MANIFEST = f"{FINAL}/MANIFEST.json"
 
 
+def locate_run(run: str, root: str) -> tuple[str, str]:
+    """(storage root, run name) of a run given as users type it: a run name under ``root``, or the path of a run
+    folder (``runs/NAME``, ``/abs/runs/NAME/``), which names its own root. A path that is no run folder gets a
+    ValueError saying what was looked for."""
+    if "/" not in run.rstrip("/"):
+        return root, run.rstrip("/") or run
+    folder = os.path.normpath(run)
+    if not os.path.isfile(os.path.join(folder, CONFIG)):
+        raise ValueError(f"not a run folder (no {CONFIG} in {folder})")
+    return os.path.dirname(folder) or ".", os.path.basename(folder)
+
+
 @dataclass
 class RunStatus:
     """The content of ``status.json``: written when a flow run starts, after every iteration and at its end."""

@@ -48,3 +48,16 @@ def commit_pending(ctx: RunContext, wait: bool) -> dict[str, Any] | None:
     return {"checkpoint": ref.path, "iteration": ref.iteration, "policy_version": ref.policy_version,
             "bytes": written["bytes"], "snapshot_seconds": pending.snapshot_seconds,
             "write_seconds": written["write_seconds"]}
+
+
+@task(name="restore", cache_policy=NONE)
+def restore(ctx: RunContext, ref: checkpoint.CheckpointRef) -> dict[str, Any]:
+    """Every learner rank loads a committed checkpoint (read from the run store), then the samplers get its
+    weights."""
+    return ctx.engines.restore(ref)
+
+
+@task(name="save-final", cache_policy=NONE)
+def save_final(ctx: RunContext) -> dict[str, Any]:
+    """The trained policy in HF format under ``final/`` (manifest last)."""
+    return ctx.engines.save_final()

@@ -22,14 +22,13 @@ def take_inbox(ctx: RunContext, iteration: int) -> dict[str, Any]:
         inbox.consume(store, done.meta["items"])  # a crash may have come between the commit and the deletes
         return {"reused": True, **done.meta}
     taken_before = set()  # ... and a resume may start after that iteration: never take an item twice
-    for earlier in range(max(0, iteration - cfg.rollout.max_staleness - 1), iteration):
+    for earlier in cfg.window.inbox_lookback(iteration):
         entry = store.entry(earlier, INBOX_FILE)
         taken_before.update(entry.meta["items"] if entry is not None else [])
     inbox.consume(store, [name for name in inbox.ready_items(store) if name in taken_before])
+    oldest, newest = cfg.window.versions_for(iteration)
     taken = inbox.take(store, iteration=iteration, group_size=cfg.rollout.samples_per_prompt,
-                       batch_groups=cfg.rollout.prompts_per_iteration,
-                       oldest_version=cfg.sampling_version(iteration),
-                       newest_version=cfg.policy_version_before(iteration))
+                       batch_groups=cfg.rollout.prompts_per_iteration, oldest_version=oldest, newest_version=newest)
     for error in taken.rejected:
         print(f"inbox: refused {error['file']} (row {error['row']}, field {error['field']}): {error['error']}; "
               f"kept in {store.url(inbox.REJECTED)}")

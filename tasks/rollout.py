@@ -1,29 +1,28 @@
 """Rollout task: the samplers generate G responses per prompt; the rows become rollouts.parquet.
 
-Each iteration's rollout has one policy version that must sample it (``cfg.sampling_version``: the learner's
-version before the iteration, or s iterations earlier in async RL). A rollout file already complete for this
+Each iteration's rollout has one policy version that must sample it (``cfg.window.sampling_version``: the
+learner's version before the iteration, or s iterations earlier in async RL). A rollout file already complete for this
 iteration with that version (a resumed run) is reused, not sampled again; samplers serving any other version are
 an error, never a silent change of the data.
 """
 from __future__ import annotations
-
-from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks.context import RunContext
 from tasks.inbox import inbox_groups
+from tasks.results import RolloutResult
 
 
 @task(name="rollout", task_run_name="rollout-{iteration:06d}-r{round_}", cache_policy=NONE)
-def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> dict[str, Any]:
+def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> RolloutResult:
     cfg = ctx.cfg
     name = "rollouts.parquet" if not cfg.algo.filter_groups else f"rollouts-r{round_}.parquet"
-    version = cfg.sampling_version(iteration)
+    version = cfg.window.sampling_version(iteration)
     done = ctx.store.entry(iteration, name)
     if done is not None and done.meta.get("policy_version") == version:
-        return {"name": name, "rows": done.rows, "reused": True, **done.meta}
+        return RolloutResult.from_meta(name, done.rows, True, done.meta)
     serving = ctx.engines.sampler_versions()
     if any(v != version for v in serving):
         raise RuntimeError(
@@ -35,8 +34,10 @@ def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> dict[str, Any]:
         prompts = prompts[: len(prompts) - inbox_groups(ctx, iteration)]
     table, meta = ctx.engines.rollout(iteration, prompts, group_offset=round_ * len(prompts))
     lengths = table.column("response_length").to_pylist()
-    meta.update({"tokens": int(sum(lengths)), "response_length_mean": sum(lengths) / len(lengths),
-                 "response_length_max": max(lengths),
-                 "truncated_frac": sum(table.column("truncated").to_pylist()) / len(lengths)})
-    entry = ctx.store.put_table(iteration, name, table, meta=meta)
-    return {"name": name, "rows": entry.rows, "reused": False, **meta}
+    result = RolloutResult(
+        name=name, rows=table.num_rows, reused=False, seconds=meta["seconds"], policy_version=meta["policy_version"],
+        tokens=int(sum(lengths)), response_length_mean=sum(lengths) / len(lengths),
+        response_length_max=max(lengths), truncated_frac=sum(table.column("truncated").to_pylist()) / len(lengths),
+        samplers_used=meta["samplers_used"], samplers_lost=meta["samplers_lost"], samplers_live=meta["samplers_live"])
+    ctx.store.put_table(iteration, name, table, meta=result.meta())
+    return result

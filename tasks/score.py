@@ -9,7 +9,6 @@ silently and the learner always sees the configured batch size.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pyarrow as pa
 from prefect import task
@@ -19,6 +18,7 @@ from grpo_core.algo import group_filter
 from grpo_core.pipeline.scoring import add_advantages, group_success, score_table, with_rewards
 from tasks.context import RunContext
 from tasks.inbox import INBOX_FILE
+from tasks.results import ScoreResult
 
 
 def scored_name(rollout_name: str) -> str:
@@ -26,7 +26,7 @@ def scored_name(rollout_name: str) -> str:
 
 
 @task(name="score", task_run_name="score-{iteration:06d}", cache_policy=NONE)
-def score(ctx: RunContext, iteration: int, rollout_name: str) -> dict[str, Any]:
+def score(ctx: RunContext, iteration: int, rollout_name: str) -> ScoreResult:
     """rollouts*.parquet -> scored*.parquet (reused when complete for the same rollout file).
 
     With dynamic sampling the result also carries ``group_success`` ([groups][G] accuracies, small) so the flow can
@@ -35,10 +35,9 @@ def score(ctx: RunContext, iteration: int, rollout_name: str) -> dict[str, Any]:
     source = ctx.store.entry(iteration, rollout_name)
     done = ctx.store.entry(iteration, out_name)
     if done is not None and source is not None and done.meta.get("source_sha256") == source.sha256:
-        out = {"name": out_name, "rows": done.rows, "reused": True, **done.meta["metrics"]}
-        if ctx.cfg.algo.filter_groups:
-            out["group_success"] = _success_lists(ctx.store.get_table(iteration, out_name), ctx)
-        return out
+        success = _success_lists(ctx.store.get_table(iteration, out_name), ctx) if ctx.cfg.algo.filter_groups \
+            else None
+        return ScoreResult(out_name, done.rows, True, done.meta["metrics"], success)
     started = time.perf_counter()
     table = ctx.store.get_table(iteration, rollout_name)
     results, metrics = score_table(table, ctx.scorer)
@@ -52,10 +51,8 @@ def score(ctx: RunContext, iteration: int, rollout_name: str) -> dict[str, Any]:
     metrics["score_seconds"] = time.perf_counter() - started
     entry = ctx.store.put_table(iteration, out_name, scored,
                                 meta={"source_sha256": source.sha256 if source else None, "metrics": metrics})
-    out = {"name": out_name, "rows": entry.rows, "reused": False, **metrics}
-    if ctx.cfg.algo.filter_groups:
-        out["group_success"] = _success_lists(scored, ctx)
-    return out
+    success = _success_lists(scored, ctx) if ctx.cfg.algo.filter_groups else None
+    return ScoreResult(out_name, entry.rows, False, metrics, success)
 
 
 def _success_lists(scored: pa.Table, ctx: RunContext) -> list[list[float]]:
@@ -63,14 +60,15 @@ def _success_lists(scored: pa.Table, ctx: RunContext) -> list[list[float]]:
 
 
 @task(name="assemble-batch", task_run_name="assemble-batch-{iteration:06d}", cache_policy=NONE)
-def assemble(ctx: RunContext, iteration: int, scored_names: list[str]) -> dict[str, Any]:
+def assemble(ctx: RunContext, iteration: int, scored_names: list[str]) -> ScoreResult:
+    """Dynamic sampling: the training batch from the scored rounds; its metrics are the group counts."""
     cfg = ctx.cfg
     tables = [ctx.store.get_table(iteration, n) for n in scored_names]
     batch, metrics = assemble_groups(tables, cfg.rollout.samples_per_prompt, cfg.rollout.prompts_per_iteration,
                                      cfg.algo.filter_range)
     entry = ctx.store.put_table(iteration, "scored.parquet", batch, meta={"sources": scored_names,
                                                                           "metrics": metrics})
-    return {"name": "scored.parquet", "rows": entry.rows, **metrics}
+    return ScoreResult("scored.parquet", entry.rows, False, metrics)
 
 
 def assemble_groups(tables: list[pa.Table], group_size: int, target_groups: int,

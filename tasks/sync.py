@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import replace
+from typing import Callable
 
 from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks.context import Opaque, RunContext
+from tasks.results import SyncResult
 
 
 def _sync_run_name() -> str:
@@ -19,17 +21,20 @@ def _sync_run_name() -> str:
 
 
 @task(name="sync", task_run_name=_sync_run_name, cache_policy=NONE)
-def sync(ctx: RunContext, check: tuple[int, str] | None = None, iteration: int | None = None) -> dict[str, Any]:
+def sync(ctx: RunContext, check: tuple[int, str] | None = None, iteration: int | None = None) -> SyncResult:
     """Push weights (after ``iteration``'s training, if given); with ``check=(iteration, rollout file)`` also
     measure, on some of that file's sequences of every sampler, that each sampler's logprobs now match the
     learner's."""
     out = ctx.engines.sync()
+    synced = SyncResult(seconds=out["seconds"], version=int(out["version"]), transport=out["transport"],
+                        bytes=out.get("bytes"))
     rows = ctx.cfg.weights.check_samples
-    if check is not None and rows > 0:
-        started = time.perf_counter()
-        out.update(ctx.engines.check_sync(check_rows(ctx, *check, rows)))
-        out["check_seconds"] = time.perf_counter() - started
-    return out
+    if check is None or rows <= 0:
+        return synced
+    started = time.perf_counter()
+    checked = ctx.engines.check_sync(check_rows(ctx, *check, rows))
+    return replace(synced, max_diff=checked.max_diff, per_sampler=checked.per_sampler,
+                   check_seconds=time.perf_counter() - started)
 
 
 def check_rows(ctx: RunContext, iteration: int, name: str, per_sampler: int
@@ -47,14 +52,16 @@ def check_rows(ctx: RunContext, iteration: int, name: str, per_sampler: int
     return {sid: drawn.get(sid, fallback) for sid in ctx.engines.live_sampler_ids()}
 
 
-def ensure_synced(ctx: RunContext, expected_learner_version: int) -> dict[str, Any] | None:
+def ensure_synced(ctx: RunContext, expected_learner_version: int,
+                  sync_stage: Callable[[RunContext], SyncResult] | None = None) -> SyncResult | None:
     """Re-sync when a sampler serves other weights than the learner holds (e.g. a restarted sampler came back
-    with its original weights). A learner behind the expected version lost its state: that is an error, never a
+    with its original weights), through ``sync_stage`` (the flow's sync task with the run's retry policy; the
+    plain task without one). A learner behind the expected version lost its state: that is an error, never a
     silent restart from scratch."""
     sampler_versions, learner_version = ctx.engines.versions()
     if learner_version != expected_learner_version:
         raise RuntimeError(f"learner is at policy version {learner_version}, expected {expected_learner_version}: "
                            "the learner lost its state (restarted actor?)")
     if any(v != learner_version for v in sampler_versions):
-        return Opaque(sync)(ctx)
+        return (sync_stage or Opaque(sync))(ctx)
     return None

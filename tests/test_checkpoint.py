@@ -108,3 +108,27 @@ def test_grpo_runs_list_and_show(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "policy actor died" in out and "iter-000000 (policy version 1)" in out
     assert main(["runs", "show", "nope", "--root", root]) == 2
+
+
+def test_a_run_is_named_or_given_as_its_folder_path(tmp_path, capsys, monkeypatch):
+    """`grpo export --merge runs/NAME OUT`, `grpo runs show runs/NAME`: a run folder's path names its own root."""
+    from grpo_core.cli import main
+    from grpo_core.runs import locate_run
+
+    root = tmp_path / "runs"
+    run = RunStore(str(root), "alpha")
+    run.write_config({"iterations": 2, "model": {"path": "m"}})
+    monkeypatch.chdir(tmp_path)
+    assert locate_run("alpha", "runs") == ("runs", "alpha")
+    assert locate_run("runs/alpha/", "elsewhere") == ("runs", "alpha")
+    assert locate_run(str(root / "alpha"), "runs") == (str(root), "alpha")
+    with pytest.raises(ValueError, match=r"not a run folder \(no config.json in runs/beta\)"):
+        locate_run("runs/beta", "runs")
+    assert main(["runs", "show", "runs/alpha"]) == 0
+    assert "alpha" in capsys.readouterr().out
+    # a path is accepted; the export then says why this run has nothing to merge (no final policy), no traceback
+    assert main(["export", "--merge", "runs/alpha", str(tmp_path / "out")]) == 2
+    assert "no complete final policy" in capsys.readouterr().err
+    assert main(["export", "--merge", "runs/beta", str(tmp_path / "out")]) == 2
+    assert "runs/beta: not a run folder (no config.json in runs/beta); a run is named under its root: beta --root " \
+        "runs" in capsys.readouterr().err

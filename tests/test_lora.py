@@ -158,7 +158,7 @@ def trained(tiny_model, tmp_path_factory):
         scored = scored.append_column("kept", pa.array([True] * table.num_rows))
         worker.store.put_table(it, "scored.parquet", scored)
         worker.train(it)
-        state["syncs"].append(worker.push_inprocess())
+        state["syncs"].append(worker.publish_weights([]))
         state["diffs"].append(_sync_diff(worker, table))
         state["last_rollout"] = table
     yield state
@@ -204,7 +204,7 @@ def test_sampler_serves_exactly_what_the_learner_trains(trained):
     # The check can fail: the base alone is far from the trained policy.
     worker.sampler.serve_base(ITERATIONS)
     assert _sync_diff(worker, trained["last_rollout"]) > 1e-3
-    worker.push_inprocess()
+    worker.publish_weights([])
     assert _sync_diff(worker, trained["last_rollout"]) < MAX_DIFF
 
 
@@ -291,7 +291,7 @@ def test_final_adapter_exports_to_a_model_that_answers_like_base_plus_adapter(tr
     from vllm import LLM, SamplingParams, TokensPrompt
 
     worker, cfg, root = trained["worker"], trained["cfg"], trained["root"]
-    worker.push_inprocess()  # the sampler serves what final/ will hold
+    worker.publish_weights([])  # the sampler serves what final/ will hold
     saved = worker.save_final()
     final = Path(root) / RUN / "final"
     names = {p.name for p in final.iterdir()}
@@ -316,7 +316,7 @@ def test_final_adapter_exports_to_a_model_that_answers_like_base_plus_adapter(tr
     version = worker.sampler.version
     worker.sampler.serve_base(version)
     base_only = [s.token_ids for s in worker.sampler.generate_greedy(prompts, max_tokens=max_tokens)]
-    worker.push_inprocess()
+    worker.publish_weights([])
     assert with_adapter != base_only, "the adapter should change some greedy answers, or the test proves nothing"
 
     llm = LLM(model=str(out), dtype="float32", seed=0, enforce_eager=True, distributed_executor_backend="uni",

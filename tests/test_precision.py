@@ -16,8 +16,8 @@ def test_the_sync_check_fails_beyond_the_tolerance_naming_the_sampler():
                                               r"tolerance 0\.001 for float32 engines"):
         compare_sync([0, 1], sampled, learned, SYNC_TOLERANCE["float32"], "float32")
     out = compare_sync([0, 1], sampled, learned, SYNC_TOLERANCE["bfloat16"], "bfloat16")
-    assert out["sync_logprob_max_diff"] == pytest.approx(0.2)
-    assert out["sync_logprob_max_diff_sampler0"] == pytest.approx(4e-4)
+    assert out.max_diff == pytest.approx(0.2)
+    assert out.per_sampler[0] == pytest.approx(4e-4)
 
 
 @pytest.mark.slow

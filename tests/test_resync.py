@@ -40,7 +40,7 @@ def test_stale_sampler_is_detected_and_resynced(tiny_model, tmp_path, prefect_ha
         engines.train(0)
         sync(ctx, check=(0, "rollouts.parquet"))
         assert engines.versions() == ([1], 1)
-        in_sync = engines.check_sync(check_rows(ctx, 0, "rollouts.parquet", 4))["sync_logprob_max_diff"]
+        in_sync = engines.check_sync(check_rows(ctx, 0, "rollouts.parquet", 4)).max_diff
         assert in_sync < 1e-4
 
         # The sampler comes back with the original weights (as a restarted sampler would) ...
@@ -51,7 +51,7 @@ def test_stale_sampler_is_detected_and_resynced(tiny_model, tmp_path, prefect_ha
         # ... the version check notices and re-syncs, and the two agree again.
         assert ensure_synced(ctx, expected_learner_version=1) is not None
         assert engines.versions() == ([1], 1)
-        assert engines.check_sync(check_rows(ctx, 0, "rollouts.parquet", 4))["sync_logprob_max_diff"] < 1e-4
+        assert engines.check_sync(check_rows(ctx, 0, "rollouts.parquet", 4)).max_diff < 1e-4
         assert ensure_synced(ctx, expected_learner_version=1) is None  # nothing to do when versions agree
         with pytest.raises(RuntimeError, match="lost its state"):
             ensure_synced(ctx, expected_learner_version=5)

@@ -73,11 +73,15 @@ def test_line_that_is_not_json_is_skipped_counted_and_listed(tmp_path, capsys):
     assert "line 2: not valid JSON" in capsys.readouterr().err and not out.exists()
 
     assert run_score(parse([str(source), "-o", str(out), "--workers", "1", "--on-bad-row", "skip"])) == 0
-    assert "1 of them bad input rows" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "1 unreadable line(s) left out" in printed.out and "skipped line 2: not valid JSON" in printed.err
     rows = read_jsonl(out)
-    assert [r["reward"] for r in rows] == [1.0, None, 1.0]  # the bad line keeps its place, unscored
-    assert rows[1]["reward_error"].startswith("line 2: not valid JSON")
-    assert rows[2]["id"] == "c"
+    assert [(r["id"], r["reward"]) for r in rows] == [("a", 1.0), ("c", 1.0)]  # the line has no row: left out
+    listed = json.loads((tmp_path / "out.jsonl.skipped.json").read_text())
+    assert [line.split(":")[0] for line in listed[str(source)]] == ["line 2"]
+    source.write_text(json.dumps(ROWS[0]) + "\n")
+    assert run_score(parse([str(source), "-o", str(out), "--workers", "1", "--on-bad-row", "skip"])) == 0
+    assert not (tmp_path / "out.jsonl.skipped.json").exists()  # a clean input leaves no stale list behind
 
 
 def test_bad_configuration_is_reported_not_raised(tmp_path, capsys):

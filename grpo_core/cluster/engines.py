@@ -18,6 +18,7 @@ and rejoins.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -33,6 +34,7 @@ from grpo_core.cluster.weight_client import SamplerWeightClient
 from grpo_core.config import GRPOConfig
 from grpo_core.precision import sync_tolerance
 from grpo_core.rollout.server import ServerUnavailable
+from grpo_core.weights.transport import make_transport
 
 
 class EngineLost(RuntimeError):
@@ -78,27 +80,32 @@ def merge_train_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class SyncCheck:
+    """The sync check's figures: the largest |sampler logprob - learner logprob|, overall and per sampler id."""
+    max_diff: float
+    per_sampler: dict[int, float]
+
+
 def compare_sync(ids: list[int], sampled: list[list[list[float]]], learned: list[list[float]], tolerance: float,
-                 dtype: str) -> dict[str, float]:
-    """The sync check's figures: per sampler (``ids``, with ``sampled[k]`` its sequences' logprobs) and overall, the
-    largest |sampler logprob - learner logprob| (``learned``: every sampler's sequences in that order). Raises
+                 dtype: str) -> SyncCheck:
+    """The sync check: per sampler (``ids``, with ``sampled[k]`` its sequences' logprobs) and overall, the largest
+    |sampler logprob - learner logprob| (``learned``: every sampler's sequences in that order). Raises
     ``SyncCheckFailed`` beyond ``tolerance``."""
-    out: dict[str, float] = {}
-    k, worst = 0, 0.0
-    for i, per_sampler in zip(ids, sampled):
-        diffs = [abs(a - b) for sa, la in zip(per_sampler, learned[k:k + len(per_sampler)]) for a, b in zip(sa, la)]
-        k += len(per_sampler)
-        out[f"sync_logprob_max_diff_sampler{i}"] = max(diffs, default=0.0)
-        worst = max(worst, max(diffs, default=0.0))
-    out["sync_logprob_max_diff"] = worst
+    per_sampler: dict[int, float] = {}
+    k = 0
+    for i, seqs in zip(ids, sampled):
+        diffs = [abs(a - b) for sa, la in zip(seqs, learned[k:k + len(seqs)]) for a, b in zip(sa, la)]
+        k += len(seqs)
+        per_sampler[i] = max(diffs, default=0.0)
+    worst = max(per_sampler.values(), default=0.0)
     if worst > tolerance:
-        bad = {i: round(out[f"sync_logprob_max_diff_sampler{i}"], 6) for i in ids
-               if out[f"sync_logprob_max_diff_sampler{i}"] > tolerance}
+        bad = {i: round(d, 6) for i, d in per_sampler.items() if d > tolerance}
         raise SyncCheckFailed(
             f"after the sync, sampler(s) {sorted(bad)} serve other weights than the learner trains: |sampler logprob "
             f"- learner logprob| up to {worst:.3g} (per sampler {bad}), beyond the tolerance {tolerance:g} for "
             f"{dtype} engines (weights.check_tolerance)")
-    return out
+    return SyncCheck(max_diff=worst, per_sampler=per_sampler)
 
 
 class Engines:
@@ -106,7 +113,7 @@ class Engines:
         self.cfg = cfg
         self.colocated = cfg.cluster.placement == "colocate"
         self.external = cfg.cluster.placement == "external"
-        self.transport = cfg.transport
+        self.transport = make_transport(cfg.transport)  # the driver asks it what it can do, never its name
         self.samplers: list = []
         self.learners: list = []
         self._groups: list = []
@@ -161,15 +168,17 @@ class Engines:
         return self.info
 
     def _init_transfer(self) -> None:
-        """broadcast / cuda_ipc: every learner rank builds vLLM's trainer-side engine; rank 0 rendezvouses with
-        every live sampler worker (a new group each time the set of samplers changes)."""
-        if self.transport not in ("broadcast", "cuda_ipc"):
+        """A transport that forms a transfer group (broadcast, cuda_ipc): every learner rank builds vLLM's
+        trainer-side engine; rank 0 rendezvouses with every live sampler worker (a new group each time the set of
+        samplers changes)."""
+        if not self.transport.forms_group:
             return
         self._transfer_members_changed = False
         host = node_ip(self.learners[0])
         port = self._get([self.learners[0].free_port.remote(host)], [self.learners[0]], "free_port")[0]
         client = SamplerWeightClient(self.live_samplers(), workers_per_sampler=self.cfg.rollout.tensor_parallel_size)
-        self._on_learners("wt_trainer_init", client, host, port)
+        self._get([a.join_transfer.remote(client, host, port) for a in self.learners], self.learners,
+                  "join_transfer")
 
     def _role(self, actor) -> str:
         parts = []
@@ -196,10 +205,10 @@ class Engines:
         self._dead.clear()
 
     def close(self) -> None:
-        if self.external and self.transport == "broadcast" and self.samplers:
+        if self.external and self.transport.forms_group and self.samplers:
             # the servers outlive the run: they leave its transfer group (the next run forms its own)
             try:
-                self._on_samplers("wt_shutdown")
+                self._on_samplers("leave_transfer")
             except (EngineLost, RayActorError) as exc:
                 print(f"could not release the servers' weight-transfer group: {exc}")
         if self._groups or self.samplers:
@@ -352,15 +361,15 @@ class Engines:
             return
         actors = [self.samplers[sid] for sid in back]
         self._dead.difference_update(back)
-        if self.transport == "files":
-            version = self._publish()
-            self._get([a.load_published.remote(version) for a in actors], actors, "load_published")
-        else:
+        if self.transport.forms_group:  # the group is formed again with them; the next sync brings them up
             self._reform_transfer(joined=actors)
+        else:
+            self._catch_up(actors)
         print(f"server(s) {[self.cfg.cluster.servers[s] for s in back]} answer again and rejoin")
 
     def _replace_sampler(self, sid: int) -> None:
-        """A new sampler actor in the dead one's place, serving the learner's current weights (files transport)."""
+        """A new sampler actor in the dead one's place, serving the learner's current weights (caught up through
+        the run store)."""
         started = time.perf_counter()
         old = self.samplers[sid]
         kill(old)
@@ -383,18 +392,17 @@ class Engines:
         infos = self._get([a.setup.remote(None, None) for a in new], new, "setup", starting=True)
         for actor, sid, info in zip(new, ids, infos):
             self._described[actor] = f"sampler {sid} (pid {info['pid']} on {info['host']})"
-        version = self._publish()
-        self._get([a.load_published.remote(version) for a in new], new, "load_published")
+        version = self._catch_up(new)
         self._reform_transfer(joined=new)
         return version
 
     def _reform_transfer(self, joined: list = ()) -> None:
-        """broadcast / cuda_ipc: the transfer group is formed again with the current samplers (the ones in
+        """A transport with a transfer group: the group is formed again with the current samplers (the ones in
         ``joined`` were not members of the old one)."""
-        if self.transport not in ("broadcast", "cuda_ipc"):
+        if not self.transport.forms_group:
             return
         members = [s for s in self.live_samplers() if s not in joined] + self.learners
-        self._get([a.wt_shutdown.remote() for a in members], members, "wt_shutdown")
+        self._get([a.leave_transfer.remote() for a in members], members, "leave_transfer")
         self._init_transfer()
 
     def scale_samplers(self, count: int) -> dict[str, Any]:
@@ -445,31 +453,28 @@ class Engines:
     # ------------------------------------------------------------------------------------------------- sync
     def sync(self) -> dict[str, Any]:
         """Push the learner's weights to every sampler with the configured transport (samplers that died since
-        the last sync are replaced first)."""
+        the last sync are replaced first): every learner rank publishes, then every live sampler receives."""
         started = time.perf_counter()
         self.replace_dead_samplers()
-        if self.transport == "inprocess":
-            outs = self._on_learners("push_inprocess")
-            version, nbytes = int(outs[0]["version"]), outs[0]["bytes"]
-        elif self.transport == "files":
-            version = self._publish()
-            self._on_samplers("load_published", version)
-            nbytes = None
-        else:  # broadcast, cuda_ipc: vLLM's weight-transfer engines, driven from learner rank 0
-            if self._transfer_members_changed:  # external: a server went down; the group goes on without it
-                self._reform_transfer()
-            version = int(self._on_learners("wt_send")[0]["version"])
-            nbytes = None
-        return {"seconds": time.perf_counter() - started, "version": float(version), "transport": self.transport,
-                **({"bytes": nbytes} if nbytes is not None else {})}
+        keep = [v for v in self.sampler_versions() if v is not None]  # external: finds a server that went down
+        if self._transfer_members_changed:  # external: a server went down; the group goes on without it
+            self._reform_transfer()
+        outs = self._get([a.publish_weights.remote(keep) for a in self.learners], self.learners, "publish_weights")
+        published = outs[0]
+        version = int(published["version"])
+        self._on_samplers("receive_weights", version)
+        return {"seconds": time.perf_counter() - started, "version": float(version), "transport": self.transport.kind,
+                **({"bytes": published["bytes"]} if published["bytes"] is not None else {})}
 
-    def _publish(self) -> int:
-        """Files transport: rank 0 writes the current version (if not there) and drops versions no sampler needs."""
-        serving = [v["sampler"] for v in self._on_samplers("versions")]
-        out = self._on_rank0("publish", [v for v in serving if v is not None])
-        return int(out["version"])
+    def _catch_up(self, actors: list) -> int:
+        """Bring samplers that were not in the last sync (new, replacing a dead one, or a server back) to the
+        learner's current version through the run store (``weights/v-N/``); returns that version."""
+        serving = [v for v in self.sampler_versions() if v is not None]
+        version = int(self._on_rank0("publish", serving)["version"])
+        self._get([a.load_published.remote(version) for a in actors], actors, "load_published")
+        return version
 
-    def check_sync(self, rows: dict[int, tuple[list[list[int]], list[int]]]) -> dict[str, float]:
+    def check_sync(self, rows: dict[int, tuple[list[list[int]], list[int]]]) -> SyncCheck:
         """Max |sampler logprob - learner logprob| over some sequences of every sampler (``{sampler_id:
         (sequences, prompt lengths)}``), right after a sync. Beyond the engines' dtype tolerance it means a sampler
         serves other weights than the learner trains: ``SyncCheckFailed``."""

@@ -3,7 +3,9 @@
 INPUT is jsonl or parquet with a response column; OUTPUT (jsonl or parquet, by extension) keeps every input row and
 column in order and adds ``reward``, one ``reward_<name>`` column per reward component, and ``reward_error``. A row
 whose response is missing or not a string is an error naming the file, row and field (``--on-bad-row error``), or
-keeps its place unscored with the reason in ``reward_error`` (``--on-bad-row skip``): nothing is dropped.
+keeps its place unscored with the reason in ``reward_error`` (``--on-bad-row skip``). A jsonl line that is not a
+JSON object (not JSON, not UTF-8) is an error too, or with skip is left out of OUTPUT (it has no columns to keep)
+and listed, with its line number and reason, on stderr and in ``OUTPUT.skipped.json``: nothing is dropped silently.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ def run_score(args: argparse.Namespace) -> int:
         if not args.output.endswith((".jsonl", ".json", ".parquet")):
             raise ScoreInputError(f"{args.output}: the output must end in .jsonl or .parquet")
         records, table, unreadable = _read(args.input, args.on_bad_row)
-        responses, rows, problems = _score_inputs(args, records, unreadable)
+        responses, rows, problems = _score_inputs(args, records)
         scorer = Scorer(reward_type=args.reward_type, rewards=rewards, weights=weights, num_workers=args.workers,
                         timeout_s=args.timeout, options={"answer_key": args.answer_key})
     except (ScoreInputError, ValueError) as error:  # bad input or a bad reward configuration: say which
@@ -70,8 +72,24 @@ def run_score(args: argparse.Namespace) -> int:
         results[index] = result
     columns = _reward_columns(results, names)
     _write(args.output, records, table, columns)
-    print(_summary(results, len(problems)))
+    _list_unreadable(args.input, args.output, unreadable)
+    print(_summary(results, len(problems), len(unreadable)))
     return 0
+
+
+def _list_unreadable(source: str, output: str, unreadable: list[str]) -> None:
+    """The lines left out (--on-bad-row skip), on stderr and in ``OUTPUT.skipped.json``."""
+    path = f"{output}.skipped.json"
+    if not unreadable:
+        if os.path.exists(path):
+            os.remove(path)  # from an earlier run of the same output: it would describe another input
+        return
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump({source: unreadable}, handle, indent=1)
+    for reason in unreadable:
+        print(f"grpo score: {source}: skipped {reason}", file=sys.stderr)
+    print(f"grpo score: {len(unreadable)} unreadable line(s) of {source} left out, listed in {path}",
+          file=sys.stderr)
 
 
 def _weights(text: str | None) -> list[float] | None:
@@ -83,20 +101,19 @@ def _weights(text: str | None) -> list[float] | None:
         raise ScoreInputError(f"--reward-weights {text!r}: {error}") from error
 
 
-def _read(path: str, on_bad_row: str = "error") -> tuple[list[dict[str, Any]], Any, dict[int, str]]:
+def _read(path: str, on_bad_row: str = "error") -> tuple[list[dict[str, Any]], Any, list[str]]:
     """Records of the input, the pyarrow table when it is parquet (to keep its column types on output), and the
-    records that stand for unreadable lines (--on-bad-row skip: an empty record keeps the line's place, and its
-    index maps to the reason, "line N: not valid JSON ...")."""
+    unreadable lines left out (--on-bad-row skip), each as "line N: not valid JSON ..."."""
     if not os.path.exists(path):
         raise ScoreInputError(f"{path}: no such file")
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
         table = pq.read_table(path)
-        return table.to_pylist(), table, {}
+        return table.to_pylist(), table, []
     if path.endswith((".jsonl", ".json")):
         records: list[dict[str, Any]] = []
-        bad: dict[int, str] = {}
+        bad: list[str] = []
         with open(path, "rb") as handle:
             for line_number, raw in enumerate(handle, start=1):
                 problem, record = _parse_line(raw)
@@ -105,8 +122,8 @@ def _read(path: str, on_bad_row: str = "error") -> tuple[list[dict[str, Any]], A
                 if problem is not None:
                     if on_bad_row == "error":
                         raise ScoreInputError(f"{path}: line {line_number}: {problem}")
-                    bad[len(records)] = f"line {line_number}: {problem}"
-                    record = {}
+                    bad.append(f"line {line_number}: {problem}")
+                    continue
                 records.append(record)
         return records, None, bad
     raise ScoreInputError(f"{path}: expected a .jsonl or .parquet file")
@@ -129,18 +146,13 @@ def _parse_line(raw: bytes) -> tuple[str | None, dict[str, Any] | None]:
     return None, record
 
 
-def _score_inputs(args: argparse.Namespace, records: list[dict[str, Any]], unreadable: dict[int, str] | None = None
+def _score_inputs(args: argparse.Namespace, records: list[dict[str, Any]]
                   ) -> tuple[list[str], list[dict[str, Any]], dict[int, str]]:
-    """Responses and scorer rows; ``problems`` maps a row index to why it is not scored (with --on-bad-row skip),
-    starting with the ``unreadable`` lines."""
+    """Responses and scorer rows; ``problems`` maps a row index to why it is not scored (with --on-bad-row skip)."""
     responses: list[str] = []
     rows: list[dict[str, Any]] = []
-    problems: dict[int, str] = dict(unreadable or {})
+    problems: dict[int, str] = {}
     for index, record in enumerate(records):
-        if index in problems:  # an unreadable line: its place kept, its reason already listed
-            responses.append("")
-            rows.append({})
-            continue
         response = record.get(args.response_key)
         row = dict(record)
         if isinstance(row.get("test_cases"), str):  # parquet files often store test cases as JSON text
@@ -196,10 +208,11 @@ def _write(path: str, records: list[dict[str, Any]], table: Any, columns: dict[s
     os.replace(temporary, path)
 
 
-def _summary(results: list[RewardResult], bad_rows: int) -> str:
+def _summary(results: list[RewardResult], bad_rows: int, left_out: int = 0) -> str:
     scored = [r.reward for r in results if r.reward is not None]
     mean = sum(scored) / len(scored) if scored else math.nan
     unscored = len(results) - len(scored)
     notes = sum(1 for r in results if r.reward is not None and r.error is not None)
     return (f"scored {len(results)} rows: mean reward {mean:.4f} over {len(scored)} scored; "
-            f"{unscored} unscored (errors, {bad_rows} of them bad input rows); {notes} scored with a note")
+            f"{unscored} unscored (errors, {bad_rows} of them bad input rows); {notes} scored with a note"
+            + (f"; {left_out} unreadable line(s) left out" if left_out else ""))

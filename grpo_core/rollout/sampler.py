@@ -69,10 +69,7 @@ class VLLMSampler:
             enable_chunked_prefill=False,
             max_num_batched_tokens=max(8192, spec.max_model_len),
         )
-        if spec.weight_transfer_backend is not None:
-            from grpo_core.weights.transfer import register_backends
-
-            register_backends()
+        if spec.weight_transfer_backend is not None:  # the caller registered our backends (gloo) with vLLM
             kwargs["weight_transfer_config"] = {"backend": spec.weight_transfer_backend}
         if spec.max_lora_rank is not None:
             # Two adapter slots: the new version is added before the old one is removed.

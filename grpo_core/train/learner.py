@@ -412,7 +412,7 @@ class Learner:
 
     def _adapter_snapshot(self) -> Snapshot:
         """The adapter files peft wrote (not its model-card README), as bytes copied now."""
-        from grpo_core.weights.lora import ADAPTER_FILES
+        from grpo_core.model.adapter_files import ADAPTER_FILES
 
         snap = Snapshot()
         with tempfile.TemporaryDirectory(prefix="grpo-adapter-") as tmp:

@@ -12,14 +12,10 @@ import os
 import tempfile
 import time
 
-# A folder holding this file is a peft adapter, not a full model.
-ADAPTER_CONFIG = "adapter_config.json"
-# What a sampler needs to load an adapter folder (the store copies these when it is remote).
-ADAPTER_FILES = (ADAPTER_CONFIG, "adapter_model.safetensors")
+from grpo_core.model.adapter_files import ADAPTER_CONFIG, ADAPTER_FILES, is_adapter_dir
 
-
-def is_adapter_dir(folder: str) -> bool:
-    return os.path.isfile(os.path.join(folder, ADAPTER_CONFIG))
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_FILES", "ExportError", "export_merged", "is_adapter_dir", "policy_folder",
+           "push_adapter_in_process"]
 
 
 def push_adapter_in_process(learner, sampler) -> dict[str, float]:

@@ -3,27 +3,82 @@
 
 vLLM 0.32 splits a transfer into a worker-side engine (inside each vLLM worker: init, start / update / finish a
 weight update) and a trainer-side engine (``trainer_init`` + ``send_weights``, driving the workers through a
-client). This module picks the backend for a transport, builds the trainer-side init info, and feeds the trainer
-engine the learner's weights (``LearnerSource``). The client that reaches the sampler actors lives in
+client). The two kinds here differ only in the backend; the learner side builds the trainer-side engine over the
+learner's weights (``LearnerSource``) and sends through it, the sampler side is driven by that engine (its
+sampler was built with the backend, ``sampler_backend``). The client that reaches the sampler actors lives in
 ``grpo_core.cluster.weight_client``; our gloo engine for CPUs in ``grpo_core.weights.gloo``.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+import time
+from typing import TYPE_CHECKING, Any, Iterator
 
-import torch
+from grpo_core.weights.transport import Ends, Published, Transport
+
+if TYPE_CHECKING:
+    import torch
 
 
-def backend_for(transport: str) -> str:
-    """The vLLM weight-transfer backend of a transport on this machine."""
-    if transport == "cuda_ipc":
+class VLLMTransferTransport(Transport):
+    """A transfer group of learner rank 0 and every sampler's vLLM workers; the trainer-side engine pushes."""
+
+    placements = ("split",)
+    carries_adapter = False
+    forms_group = True
+
+    def __init__(self) -> None:
+        self._engine = None  # vLLM's trainer-side engine (learner ranks)
+        self._client = None  # the client through which rank 0's engine drives the samplers
+
+    def placement_error(self, placement: str) -> str:
+        if placement == "external":
+            return super().placement_error(placement)
+        return (f"weights.transport={self.kind} moves weights between separate actors: it needs "
+                f"cluster.placement={' or '.join(self.placements)} (colocated actors use inprocess)")
+
+    def join_group(self, ends: Ends, client: Any, host: str, port: int) -> None:
+        self._client = client
+        info = trainer_init_info(self.sampler_backend(), rank=ends.rank, host=host, port=port,
+                                 world_size=1 + client.workers, bucket_bytes=ends.cfg.weights.bucket_mb * 2**20,
+                                 largest_bytes=largest_tensor_bytes(ends.learner.engine.module))
+        self._engine = trainer_engine(info, client, learner_source(ends.learner))
+
+    def publish(self, ends: Ends, keep_versions: list[int]) -> Published:
+        """One weight update through the transfer engine (every learner rank calls it together)."""
+        started = time.perf_counter()
+        self._client.version = ends.learner.version
+        self._engine.send_weights()
+        return Published(version=ends.learner.version, seconds=time.perf_counter() - started)
+
+    def leave_group(self, ends: Ends) -> None:
+        if ends.sampler is not None:
+            ends.sampler.shutdown_transfer()
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+
+class BroadcastTransport(VLLMTransferTransport):
+    kind = "broadcast"
+    placements = ("split", "external")
+
+    def sampler_backend(self) -> str:
+        import torch
+
+        return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+class CudaIpcTransport(VLLMTransferTransport):
+    kind = "cuda_ipc"
+    needs_cuda = True
+
+    def sampler_backend(self) -> str:
+        import torch
+
         if not torch.cuda.is_available():
             raise RuntimeError("weights.transport=cuda_ipc needs a CUDA device")
         return "ipc"
-    if transport == "broadcast":
-        return "nccl" if torch.cuda.is_available() else "gloo"
-    raise ValueError(f"weights.transport={transport} does not go through vLLM's weight-transfer engines")
 
 
 def register_backends() -> None:
@@ -36,7 +91,7 @@ def register_backends() -> None:
     server_engine.register()
 
 
-def largest_tensor_bytes(module: torch.nn.Module) -> int:
+def largest_tensor_bytes(module: "torch.nn.Module") -> int:
     """Bytes of the module's largest parameter (its full shape under ZeRO-3, where ``ds_shape`` holds it)."""
     return max(math.prod(getattr(p, "ds_shape", p.shape)) * p.element_size() for p in module.parameters())
 
@@ -76,6 +131,7 @@ def trainer_engine(init_info, client, source):
 def learner_source(learner) -> Any:
     """The learner's weights as a vLLM ``WeightSource`` (HF names, full tensors; ZeRO-3 gathered on every rank).
     With tied embeddings the output layer IS the embedding: lm_head.weight is not sent."""
+    import torch
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
     tied = bool(getattr(learner.engine.module.config, "tie_word_embeddings", False))

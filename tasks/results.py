@@ -1,0 +1,143 @@
+"""What the stage tasks return, typed, and the metrics row built from it in one place.
+
+Why: the flow used to read untyped dicts with ``.get``, so a misspelt key became a silent None column in
+metrics.parquet. Here each task returns a dataclass (a misspelt attribute fails at once), the open-ended metric sets
+(per-reward means, the algorithm's clip fractions) stay dicts inside them, and ``iteration_row`` is the only place
+that names the columns of an iteration's row.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """One rollout round: the file written under ``iter-N/`` and what the samplers did."""
+    name: str
+    rows: int
+    reused: bool  # found complete in the run folder (a resume), not sampled again
+    seconds: float
+    policy_version: int
+    tokens: int
+    response_length_mean: float
+    response_length_max: int
+    truncated_frac: float
+    samplers_used: int = 0
+    samplers_lost: int = 0
+    samplers_live: int = 0
+
+    @classmethod
+    def from_meta(cls, name: str, rows: int, reused: bool, meta: dict[str, Any]) -> "RolloutResult":
+        """From the metadata the rollout file's manifest entry holds (``meta()``)."""
+        known = {f.name for f in fields(cls)} - {"name", "rows", "reused"}
+        return cls(name=name, rows=rows, reused=reused, **{k: v for k, v in meta.items() if k in known})
+
+    def meta(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k not in ("name", "rows", "reused")}
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """A scored file (one round's, or the assembled batch) and its metrics: ``reward_mean``, one mean per reward
+    component, advantage statistics, dynamic sampling's group counts."""
+    name: str
+    rows: int
+    reused: bool
+    metrics: dict[str, float]
+    group_success: list[list[float]] | None = None  # dynamic sampling: [groups][G] accuracies
+
+    @property
+    def reward_mean(self) -> float:
+        return self.metrics["reward_mean"]
+
+    @property
+    def seconds(self) -> float:
+        return float(self.metrics.get("score_seconds", 0.0))
+
+    def metric(self, name: str) -> float | None:
+        """A metric that only some configurations produce (None otherwise)."""
+        return self.metrics.get(name)
+
+
+# Learner metrics that only some algorithms produce; the row has a column for each (None where absent).
+ALGORITHM_METRICS = ("clipfrac", "clipfrac_low", "clipfrac_high", "approx_kl", "kl_ref", "entropy",
+                     "mismatch_abs_logp_mean", "mismatch_abs_logp_max", "tis_weight_mean", "tis_capped_frac")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """One policy update, merged over the learner ranks (``metrics`` as train.json holds them), and when it ran
+    (``RunContext.clock``: in async RL it runs beside the next rollout)."""
+    metrics: dict[str, float]
+    started_at: float
+    ended_at: float
+
+    @property
+    def seconds(self) -> float:
+        return float(self.metrics["seconds"])
+
+    @property
+    def policy_version(self) -> int:
+        return int(self.metrics["policy_version"])
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """One weight sync and, when it was checked, the largest |sampler - learner| logprob gap (overall and per
+    sampler) and the check's seconds."""
+    seconds: float
+    version: int
+    transport: str
+    bytes: float | None = None
+    max_diff: float | None = None
+    per_sampler: dict[int, float] = field(default_factory=dict)
+    check_seconds: float | None = None  # None: not checked
+
+
+@dataclass(frozen=True)
+class IterationTimes:
+    """Wall seconds of one iteration's stages as the flow measured them, and the stage timestamps
+    (``<stage>_started_at`` / ``_ended_at``, seconds since the flow run started)."""
+    eval_s: float | None
+    rollout_s: float
+    train_s: float
+    sync_s: float
+    total_s: float
+    overhead_s: float
+    stamps: dict[str, float]  # rollout and score stage timestamps
+    sync_started_at: float
+    sync_ended_at: float
+
+
+def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, evaluation: dict[str, Any] | None,
+                  rollouts: list[RolloutResult], scored: ScoreResult, inbox: dict[str, Any], staleness: tuple[float,
+                  float], train: TrainResult, sync: SyncResult, times: IterationTimes) -> dict[str, Any]:
+    """The metrics.parquet row of one iteration (the checkpoint columns are added when one is taken)."""
+    first = rollouts[0]
+    row: dict[str, Any] = {
+        "iteration": iteration, "run_attempt": attempt, "samplers": samplers, "resynced": resynced,
+        "eval_accuracy": evaluation["accuracy"] if evaluation else None,
+        **(evaluation["metrics"] if evaluation else {}),
+        **({"time_eval_s": times.eval_s} if times.eval_s is not None else {}),
+        "policy_version": first.policy_version,
+        "staleness_mean": staleness[0], "staleness_max": staleness[1],
+        "inbox_groups": inbox["groups"], "inbox_rejected": inbox.get("rejected", 0),
+        "reward_mean": scored.reward_mean, "accuracy_mean": scored.metric("reward_accuracy_mean"),
+        "distinct_frac": scored.metric("distinct_frac"),
+        "loss": train.metrics["loss"], "grad_norm": train.metrics["grad_norm"], "lr": train.metrics["lr"],
+        **{name: train.metrics.get(name) for name in ALGORITHM_METRICS},
+        "response_length_mean": first.response_length_mean, "truncated_frac": first.truncated_frac,
+        "kept_frac": scored.metric("kept_frac"), "rollout_rounds": len(rollouts),
+        "samplers_lost": sum(r.samplers_lost for r in rollouts),
+        "filtered_group_frac": scored.metric("filtered_group_frac"),
+        "time_rollout_s": times.rollout_s, "time_score_s": scored.seconds,
+        "sync_logprob_max_diff": sync.max_diff,
+        **{f"sync_logprob_max_diff_sampler{i}": d for i, d in sync.per_sampler.items()},
+        "time_train_s": times.train_s, "time_sync_s": times.sync_s,
+        "time_sync_check_s": sync.check_seconds,
+        "time_total_s": times.total_s, "time_overhead_s": times.overhead_s,
+        **times.stamps, "train_started_at": train.started_at, "train_ended_at": train.ended_at,
+        "sync_started_at": times.sync_started_at, "sync_ended_at": times.sync_ended_at,
+    }
+    return row
