@@ -90,7 +90,7 @@ def evaluate_offline(cfg: GRPOConfig, policy: Policy, out_dir: str | None,
     ``{"metrics": {...}, "sets": {name: rows}, "seconds": ...}``."""
     from transformers import AutoTokenizer
 
-    from grpo_core.engine_worker import sampling_seed
+    from grpo_core.roles.sampler import sampling_seed
     from grpo_core.rollout.sampler import SamplerSpec, VLLMSampler
 
     started = time.perf_counter()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import ray
@@ -208,7 +208,7 @@ class Engines:
         if self.external and self.transport.forms_group and self.samplers:
             # the servers outlive the run: they leave its transfer group (the next run forms its own)
             try:
-                self._on_samplers("leave_transfer")
+                self._on_samplers(lambda a: a.leave_transfer.remote(), "leave_transfer")
             except (EngineLost, RayActorError) as exc:
                 print(f"could not release the servers' weight-transfer group: {exc}")
         if self._groups or self.samplers:
@@ -238,15 +238,17 @@ class Engines:
                 raise EngineLost(f"{who} died during {what}: {'; '.join(detail)}") from exc
         return [results[i] for i in range(len(refs))]
 
-    def _on_learners(self, method: str, *args, ranks: list[int] | None = None) -> list:
+    def _on_learners(self, call: Callable[[Any], Any], what: str, ranks: list[int] | None = None) -> list:
+        """``call(actor)`` (an actor method's ``.remote(...)``) on every learner rank, or on ``ranks``; ``what``
+        names it in errors."""
         actors = self.learners if ranks is None else [self.learners[r] for r in ranks]
-        return self._get([getattr(a, method).remote(*args) for a in actors], actors, method)
+        return self._get([call(a) for a in actors], actors, what)
 
-    def _on_rank0(self, method: str, *args):
+    def _on_rank0(self, call: Callable[[Any], Any], what: str):
         """A call whose work happens on learner rank 0; under ZeRO-3 every rank joins (gathering the full weights
         is a collective)."""
         ranks = None if self.cfg.train.zero_stage == 3 else [0]
-        return self._on_learners(method, *args, ranks=ranks)[0]
+        return self._on_learners(call, what, ranks=ranks)[0]
 
     def live_sampler_ids(self) -> list[int]:
         return [i for i in range(len(self.samplers)) if i not in self._dead]
@@ -254,22 +256,22 @@ class Engines:
     def live_samplers(self) -> list:
         return [self.samplers[i] for i in self.live_sampler_ids()]
 
-    def _on_samplers(self, method: str, *args) -> list:
-        """A call on every live sampler. External: a server that does not answer is marked down and left out (the
-        results are those of the servers that answered); it is an error only when none is left."""
+    def _on_samplers(self, call: Callable[[Any], Any], what: str) -> list:
+        """``call(actor)`` on every live sampler. External: a server that does not answer is marked down and left
+        out (the results are those of the servers that answered); it is an error only when none is left."""
         ids = self.live_sampler_ids()
         actors = [self.samplers[i] for i in ids]
-        refs = [getattr(a, method).remote(*args) for a in actors]
+        refs = [call(a) for a in actors]
         if not self.external:
-            return self._get(refs, actors, method)
+            return self._get(refs, actors, what)
         results = []
         for sid, ref in zip(ids, refs):
             try:
                 results.append(ray.get(ref))
             except ServerUnavailable as exc:
-                self._server_down(sid, exc, method)
+                self._server_down(sid, exc, what)
         if not self.live_sampler_ids():
-            raise EngineLost(f"every server of cluster.servers stopped answering (last during {method})")
+            raise EngineLost(f"every server of cluster.servers stopped answering (last during {what})")
         return results
 
     def _server_down(self, sid: int, exc: BaseException, during: str) -> None:
@@ -282,8 +284,8 @@ class Engines:
     # ----------------------------------------------------------------------------------------------- status
     def versions(self) -> tuple[list[int], int]:
         """(every sampler's policy version, the learner's)."""
-        sampler = [v["sampler"] for v in self._on_samplers("versions")]  # live ones
-        learner = self._on_learners("versions", ranks=[0])[0]["learner"]
+        sampler = self.sampler_versions()  # live ones
+        learner = self._on_learners(lambda a: a.versions.remote(), "versions", ranks=[0])[0]["learner"]
         return sampler, learner
 
     # --------------------------------------------------------------------------------------------- sampling
@@ -336,7 +338,7 @@ class Engines:
     def sampler_versions(self) -> list[int]:
         """The policy version every live sampler serves (asks the samplers only: never waits for a training
         learner)."""
-        return [v["sampler"] for v in self._on_samplers("versions")]
+        return [v["sampler"] for v in self._on_samplers(lambda a: a.versions.remote(), "versions")]
 
     def replace_dead_samplers(self) -> None:
         """Split: a new actor for each sampler that died. External: servers that answer again rejoin."""
@@ -448,7 +450,7 @@ class Engines:
 
     # ------------------------------------------------------------------------------------------------ train
     def train(self, iteration: int) -> dict[str, Any]:
-        return merge_train_metrics(self._on_learners("train", iteration))
+        return merge_train_metrics(self._on_learners(lambda a: a.train.remote(iteration), "train"))
 
     # ------------------------------------------------------------------------------------------------- sync
     def sync(self) -> dict[str, Any]:
@@ -462,7 +464,7 @@ class Engines:
         outs = self._get([a.publish_weights.remote(keep) for a in self.learners], self.learners, "publish_weights")
         published = outs[0]
         version = int(published["version"])
-        self._on_samplers("receive_weights", version)
+        self._on_samplers(lambda a: a.receive_weights.remote(version), "receive_weights")
         return {"seconds": time.perf_counter() - started, "version": float(version), "transport": self.transport.kind,
                 **({"bytes": published["bytes"]} if published["bytes"] is not None else {})}
 
@@ -470,7 +472,7 @@ class Engines:
         """Bring samplers that were not in the last sync (new, replacing a dead one, or a server back) to the
         learner's current version through the run store (``weights/v-N/``); returns that version."""
         serving = [v for v in self.sampler_versions() if v is not None]
-        version = int(self._on_rank0("publish", serving)["version"])
+        version = int(self._on_rank0(lambda a: a.publish.remote(serving), "publish")["version"])
         self._get([a.load_published.remote(version) for a in actors], actors, "load_published")
         return version
 
@@ -484,19 +486,19 @@ class Engines:
                             "sampler_logprobs")
         seqs = [s for i in ids for s in rows[i][0]]
         lens = [p for i in ids for p in rows[i][1]]
-        learned = self._on_learners("learner_logprobs", seqs, lens)[0]
+        learned = self._on_learners(lambda a: a.learner_logprobs.remote(seqs, lens), "learner_logprobs")[0]
         return compare_sync(ids, sampled, learned, sync_tolerance(self.dtypes, self.cfg.weights.check_tolerance),
                             "/".join(sorted(self.dtypes)) or "float32")
 
     def serve_checkpoint(self, model_dir: str, version: int) -> float:
-        return max(self._on_samplers("serve_checkpoint", model_dir, version))
+        return max(self._on_samplers(lambda a: a.serve_checkpoint.remote(model_dir, version), "serve_checkpoint"))
 
     def weights_digest(self) -> str:
-        return self._on_rank0("weights_digest")
+        return self._on_rank0(lambda a: a.weights_digest.remote(), "weights_digest")
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def checkpoint_begin(self, iteration: int) -> dict[str, Any]:
-        outs = self._on_learners("checkpoint_begin", iteration)
+        outs = self._on_learners(lambda a: a.checkpoint_begin.remote(iteration), "checkpoint_begin")
         self._checkpoint_results = [None] * len(self.learners)
         return {"snapshot_seconds": max(o["snapshot_seconds"] for o in outs),
                 "policy_version": outs[0]["policy_version"]}
@@ -506,7 +508,8 @@ class Engines:
         if self._checkpoint_results is None:
             return None
         todo = [r for r, res in enumerate(self._checkpoint_results) if res is None]
-        for r, res in zip(todo, self._on_learners("checkpoint_result", wait, ranks=todo)):
+        results = self._on_learners(lambda a: a.checkpoint_result.remote(wait), "checkpoint_result", ranks=todo)
+        for r, res in zip(todo, results):
             self._checkpoint_results[r] = res
         if any(res is None for res in self._checkpoint_results):
             return None
@@ -519,10 +522,10 @@ class Engines:
         """Every learner rank loads the checkpoint, then the samplers get its weights."""
         started = time.perf_counter()
         payload = {"iteration": ref.iteration, "policy_version": ref.policy_version, "path": ref.path}
-        self._on_learners("restore", payload)
+        self._on_learners(lambda a: a.restore.remote(payload), "restore")
         self._checkpoint_results = None
         self.sync()
         return {"seconds": time.perf_counter() - started, "policy_version": ref.policy_version}
 
     def save_final(self) -> dict[str, Any]:
-        return self._on_rank0("save_final")
+        return self._on_rank0(lambda a: a.save_final.remote(), "save_final")

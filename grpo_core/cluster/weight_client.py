@@ -24,23 +24,24 @@ class SamplerWeightClient:
         """vLLM workers on the inference side of the transfer group."""
         return len(self.samplers) * self.workers_per_sampler
 
-    def _all(self, method: str, args_per_sampler: list[tuple]) -> None:
-        ray.get([getattr(s, method).remote(*args) for s, args in zip(self.samplers, args_per_sampler)])
+    def _all(self, calls: list) -> None:
+        """Wait for one call (an object ref) per sampler."""
+        ray.get(calls)
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        per_sampler = []
-        for k in range(len(self.samplers)):
+        calls = []
+        for k, sampler in enumerate(self.samplers):
             info = dict(init_info)
             if "rank_offset" in info:
                 info["rank_offset"] = init_info["rank_offset"] + k * self.workers_per_sampler
-            per_sampler.append((info,))
-        self._all("wt_init", per_sampler)
+            calls.append(sampler.wt_init.remote(info))
+        self._all(calls)
 
     def start_weight_update(self) -> None:
-        self._all("wt_start", [()] * len(self.samplers))
+        self._all([s.wt_start.remote() for s in self.samplers])
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
-        self._all("wt_update", [(update_info,)] * len(self.samplers))
+        self._all([s.wt_update.remote(update_info) for s in self.samplers])
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._all("wt_finish", [(self.version,)] * len(self.samplers))
+        self._all([s.wt_finish.remote(self.version) for s in self.samplers])

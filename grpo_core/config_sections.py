@@ -1,0 +1,430 @@
+"""The sections of a run's config (``model``, ``data``, ``rollout``, ``algo``, ``train``, ``cluster``, ...), each with
+its fields' bounds and the rules within the section. ``grpo_core.config.GRPOConfig`` puts them together and checks
+the rules across sections; import them from there.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# The linear layers of a decoder block (Qwen2, Llama, Mistral names) that vLLM 0.32 serves LoRA adapters on.
+# Adapters on the embedding or the output layer are refused: vLLM no longer serves lm_head LoRA, and the policy
+# would then differ between learner and sampler.
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# vLLM's max_lora_rank takes one of these sizes; the sampler asks for the smallest one >= model.lora.rank.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class LoraConfig(_Section):
+    """LoRA (peft): the learner trains only low-rank adapters on the base model's linear layers, the samplers serve
+    base + adapter (vLLM's LoRA), and each sync ships only the adapter. Absent: full fine-tuning."""
+
+    rank: int = Field(default=8, ge=1, le=VLLM_LORA_RANKS[-1], description="r, the adapters' rank (vLLM serves "
+                                                                           f"up to {VLLM_LORA_RANKS[-1]})")
+    alpha: float = Field(default=16.0, gt=0.0, description="scaling: the update is alpha / rank * B @ A")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input in training")
+    target_modules: list[LoraTarget] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, description="the linear layers that get an adapter")
+
+    @model_validator(mode="after")
+    def _unique_targets(self) -> "LoraConfig":
+        if len(set(self.target_modules)) != len(self.target_modules):
+            raise ValueError(f"model.lora.target_modules lists a module twice: {self.target_modules}")
+        return self
+
+    @property
+    def vllm_max_rank(self) -> int:
+        """vLLM's max_lora_rank for this adapter: the smallest size vLLM accepts that holds ``rank``."""
+        return next(r for r in VLLM_LORA_RANKS if r >= self.rank)
+
+
+class ModelConfig(_Section):
+    path: str = Field(description="HF-format model folder (weights + tokenizer), loaded by transformers and vLLM")
+    init_from: str | None = Field(
+        default=None, description="start from another run's policy instead of model.path's weights: a run name or "
+        "glob of run names under storage.root (the newest finished run's final/, else its latest checkpoint), or an "
+        "HF model folder; resolved once when the run starts and recorded in init_from.json. Nothing matching: "
+        "model.path's weights (the first run of a schedule)")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="float32", description="what the engines compute in; auto: bfloat16 where the device computes it "
+        "natively (CUDA, or a CPU with AVX-512 BF16 / AMX), else float32 (each engine decides on its own device). "
+        "In bfloat16 the learner keeps float32 master weights, gradients and optimizer state (DeepSpeed)")
+    lora: LoraConfig | None = Field(
+        default=None, description="train LoRA adapters instead of all weights (peft); None: full fine-tuning")
+
+
+class ChatTurn(_Section):
+    """One turn of a worked example shown before every prompt (``data.few_shot``)."""
+
+    role: Literal["user", "assistant"]
+    content: str = Field(min_length=1)
+
+
+def _check_few_shot(turns: list[ChatTurn], field: str) -> None:
+    roles = [t.role for t in turns]
+    if roles and (len(roles) % 2 or any(r != ("user" if i % 2 == 0 else "assistant") for i, r in enumerate(roles))):
+        raise ValueError(f"{field} must be pairs of turns, user then assistant (a question and its worked answer), "
+                         f"got roles {roles}")
+
+
+class DataConfig(_Section):
+    train_path: str = Field(description="a file (.jsonl, .parquet), a save_to_disk folder, a folder of such files "
+                            "or a glob; folders and globs take the files present when the run starts "
+                            "(recorded in data_files.json, which a resume reuses)")
+    eval_path: str | None = Field(default=None, description="same forms as train_path")
+    format: Literal["math", "code"] = "math"
+    prompt_key: str = "messages"
+    answer_key: str = "gt_answer"
+    system_prompt: str | None = Field(
+        default=None, description="None: the default system prompt of the reward type; '' for none at all")
+    few_shot: list[ChatTurn] = Field(
+        default_factory=list, description="worked examples as chat turns (user, assistant, ...) put after the "
+                                          "system prompt and before every prompt's own messages: how a pretrained "
+                                          "instruct model learns the answer format it is rewarded for")
+    max_prompt_tokens: int = Field(default=512, ge=8)
+    shuffle: bool = True
+    on_bad_row: Literal["error", "skip"] = "error"
+
+    @model_validator(mode="after")
+    def _few_shot_pairs(self) -> "DataConfig":
+        _check_few_shot(self.few_shot, "data.few_shot")
+        return self
+
+
+class RolloutConfig(_Section):
+    prompts_per_iteration: int = Field(default=16, ge=1)
+    samples_per_prompt: int = Field(default=8, ge=1, description="G, the group size")
+    max_new_tokens: int = Field(default=256, ge=1)
+    temperature: float = Field(default=1.0, gt=0.0, le=10.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    kv_cache_mb: int = Field(default=64, ge=8, description="vLLM KV cache on CPU, MiB")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per vLLM engine (vLLM's own executor)")
+    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
+    enforce_eager: bool = True
+    share_prompt_prefill: bool = Field(
+        default=True, description="compute each prompt's prefill once for its G samples (vLLM prefix caching, the "
+                                  "cache emptied before each batch); on CPU the KV block size becomes 32")
+    max_staleness: int = Field(
+        default=0, ge=0, description="async RL (split placement): the rollout of iteration k+s is sampled while "
+                                     "iteration k trains, so a batch is trained on at most s iterations after the "
+                                     "weights that sampled it; 0: synchronous")
+
+
+class EvalDatasetConfig(_Section):
+    """One named eval set: its file, how to read and score it, and what to measure on it.
+
+    ``greedy``: one greedy response per prompt, its mean accuracy is ``eval/<name>/accuracy``. ``samples`` n > 0:
+    n responses per prompt at the rollout temperature, giving ``eval/<name>/pass@k`` for each k of ``pass_k``
+    (the unbiased estimator of Chen et al. 2021); without greedy, ``accuracy`` is the sampled responses' mean."""
+
+    path: str = Field(description="jsonl, parquet or save_to_disk folder (local or fsspec URL)")
+    reward_type: Literal["boxed", "think_answer_tags", "code"] | None = Field(
+        default=None, description="how its responses are scored (accuracy only); None: reward.type")
+    format: Literal["math", "code"] | None = Field(
+        default=None, description="None: code for reward_type code, else math")
+    prompt_key: str | None = Field(default=None, description="None: data.prompt_key")
+    answer_key: str | None = Field(default=None, description="None: data.answer_key")
+    system_prompt: str | None = Field(
+        default=None, description="None: data.system_prompt if reward_type is the run's reward.type, else the "
+                                  "default system prompt of reward_type; '' for none")
+    few_shot: list[ChatTurn] | None = Field(
+        default=None, description="None: data.few_shot if reward_type is the run's reward.type, else none")
+    greedy: bool = True
+    samples: int = Field(default=0, ge=0, le=1024, description="sampled responses per prompt (0: none)")
+    pass_k: list[int] | None = Field(
+        default=None, description="k values of pass@k, each <= samples; None: 1 and samples")
+    max_prompts: int | None = Field(default=None, ge=1, description="the first N prompts of the file")
+
+    @model_validator(mode="after")
+    def _measures(self) -> "EvalDatasetConfig":
+        _check_few_shot(self.few_shot or [], "eval.datasets.<name>.few_shot")
+        if not self.greedy and self.samples == 0:
+            raise ValueError("an eval dataset needs greedy=true or samples > 0 (nothing would be measured)")
+        if self.pass_k is not None:
+            if not self.samples:
+                raise ValueError(f"pass_k={self.pass_k} needs samples >= max(pass_k); samples is 0")
+            bad = [k for k in self.pass_k if not 1 <= k <= self.samples]
+            if bad:
+                raise ValueError(f"pass_k values must lie in 1..samples={self.samples}, got {bad}")
+        return self
+
+    @property
+    def ks(self) -> list[int]:
+        """The k values of pass@k measured on this set (none without samples)."""
+        if not self.samples:
+            return []
+        return sorted(set(self.pass_k if self.pass_k is not None else (1, self.samples)))
+
+
+DEFAULT_EVAL_SET = "default"  # the name of the set that data.eval_path defines
+
+
+class EvalConfig(_Section):
+    interval: int = Field(default=5, ge=0, description="evaluate every N iterations (0: never); also before the first")
+    greedy: bool = Field(default=True, description="data.eval_path's set: greedy (else samples_per_prompt samples)")
+    max_prompts: int | None = Field(default=None, ge=1, description="data.eval_path's set: the first N prompts")
+    samples_per_prompt: int = Field(default=1, ge=1, description="data.eval_path's set: samples when greedy=false")
+    datasets: dict[str, EvalDatasetConfig] = Field(
+        default_factory=dict, description="named eval sets (instead of data.eval_path), each with its reward type; "
+                                          "metrics eval/<name>/accuracy and eval/<name>/pass@k; the first set's "
+                                          "accuracy is also eval_accuracy")
+
+    @model_validator(mode="after")
+    def _names(self) -> "EvalConfig":
+        import re
+
+        bad = [n for n in self.datasets if not re.fullmatch(r"[A-Za-z0-9._-]+", n)]
+        if bad:
+            raise ValueError(f"eval.datasets names may hold letters, digits, '.', '_' and '-' only: {bad}")
+        return self
+
+
+class RewardConfig(_Section):
+    type: Literal["boxed", "think_answer_tags", "code"] = "boxed"
+    rewards: list[str] = Field(default_factory=lambda: ["accuracy"], min_length=1)
+    weights: list[float] | None = None
+    num_workers: int = Field(default=2, ge=1, description="scoring processes")
+    timeout_s: float = Field(default=5.0, gt=0.0, description="per-response time budget for verification")
+    dedupe: bool = Field(default=True, description="verify identical (response, row) pairs of a batch once; turn off "
+                                                   "for a reward plugin that is not a function of them")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="reward options: cosine/repetition/soft_overlong parameters, plugins")
+
+    @model_validator(mode="after")
+    def _weights_match(self) -> "RewardConfig":
+        if self.weights is not None and len(self.weights) != len(self.rewards):
+            raise ValueError(
+                f"reward.weights has {len(self.weights)} entries but reward.rewards has {len(self.rewards)}: "
+                "give one weight per reward")
+        return self
+
+
+class AlgoConfig(_Section):
+    """The algorithm of a run (advantages, policy loss, KL, filters, off-policy correction).
+
+    Every field maps onto an argument of a function in `grpo_core.algo`; the README's "Algorithm options" table
+    lists them with the preset that sets each. Defaults are the "grpo" preset's values.
+    """
+    preset: Literal["grpo", "dapo", "dr_grpo", "gspo", "rloo"] = "grpo"
+    advantage_estimator: Literal["grpo", "dr_grpo", "rloo"] = Field(
+        default="grpo", description="baseline: group mean (grpo, dr_grpo) or leave-one-out mean (rloo)")
+    advantage_scale: Literal["group_std", "batch_std", "none"] | None = Field(
+        default=None, description="divide centred rewards by the unbiased group/batch std; None: the estimator's "
+                                  "default (grpo: group_std, dr_grpo and rloo: none)")
+    ratio_level: Literal["token", "sequence"] = Field(
+        default="token", description="importance ratio per token (PPO/GRPO) or per sequence (GSPO)")
+    clip_eps_low: float = Field(default=0.2, ge=0.0, lt=1.0, description="ratio clipped below at 1 - clip_eps_low")
+    clip_eps_high: float = Field(default=0.2, ge=0.0, le=10.0, description="ratio clipped above at 1 + clip_eps_high")
+    dual_clip: float | None = Field(default=None, gt=1.0, description="c of dual clip for negative advantages")
+    skip_threshold: float | None = Field(
+        default=None, gt=1.0, description="tokens (sequences at ratio_level=sequence) whose ratio exceeds it get no "
+                                          "loss")
+    loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = \
+        Field(default="seq_mean_token_mean", description="how per-token losses become one scalar")
+    loss_norm_length: int | None = Field(
+        default=None, ge=1, description="Dr.GRPO's constant for seq_mean_token_sum_norm; None: max_new_tokens")
+    kl_coeff: float = Field(default=0.0, ge=0.0, description="weight of the KL to the reference model (0: no ref)")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_in_reward: bool = Field(default=False, description="subtract kl_coeff * sequence KL from the reward instead "
+                                                          "of adding a KL loss")
+    entropy_coeff: float = Field(default=0.0, ge=0.0, description="entropy bonus weight (loss -= coeff * entropy)")
+    filter_groups: bool = Field(default=False, description="DAPO dynamic sampling")
+    filter_range: tuple[float, float] = Field(
+        default=(0.0, 1.0), description="keep groups whose success rate p satisfies low < p < high (exclusive)")
+    max_resample_times: int = Field(
+        default=0, ge=0, description="extra sampling rounds to fill a filtered batch (at most 1 + this many)")
+    overlong_filter: bool = Field(default=False, description="mask truncated responses out of the loss")
+    soft_overlong: bool = Field(default=False, description="DAPO soft overlong punishment added to the reward")
+    soft_overlong_cache_length: int = Field(
+        default=0, ge=0, description="tokens before max_new_tokens where the penalty ramps; 0: max_new_tokens // 5")
+    soft_overlong_penalty: float = Field(default=1.0, ge=0.0, description="penalty at and beyond max_new_tokens")
+    tis_cap: float | None = Field(
+        default=None, gt=0.0, description="cap of the importance weight pi_old / pi_sampler per token (None: no "
+                                          "correction; 2.0 by default when rollout.max_staleness > 0)")
+    offpolicy: Literal["tis", "decoupled"] = Field(
+        default="tis", description="tis: weights truncated at tis_cap; decoupled (AReaL): tokens whose weight "
+                                   "exceeds tis_cap get no loss, the others keep their full weight")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "AlgoConfig":
+        lo, hi = self.filter_range
+        if not 0.0 <= lo < hi <= 1.0:
+            raise ValueError(f"algo.filter_range must satisfy 0 <= low < high <= 1 (both bounds exclusive), "
+                             f"got {self.filter_range}")
+        if self.advantage_estimator == "dr_grpo" and self.advantage_scale not in (None, "none"):
+            raise ValueError(f"algo.advantage_estimator='dr_grpo' divides by no std, but algo.advantage_scale="
+                             f"{self.advantage_scale!r}; set advantage_scale to 'none' or use advantage_estimator="
+                             "'grpo'")
+        if self.kl_in_reward and self.kl_coeff == 0.0:
+            raise ValueError("algo.kl_in_reward=true needs algo.kl_coeff > 0")
+        return self
+
+
+class TrainConfig(_Section):
+    lr: float = Field(default=1e-5, gt=0.0, le=1.0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(default=0, ge=0)
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    grad_clip: float | None = Field(default=1.0, gt=0.0)
+    mini_batch_size: int | None = Field(
+        default=None, ge=1, description="sequences per optimizer step; None: the whole batch in one step")
+    micro_batch_size: int = Field(default=64, ge=1, description="sequences per forward/backward")
+    ppo_epochs: int = Field(default=1, ge=1, description="passes over each batch (num_iterations in TRL)")
+    zero_stage: Literal["auto", 0, 1, 2, 3] = Field(
+        default="auto", description="DeepSpeed ZeRO stage; auto: 2 with several learner ranks; with one, 0 in float32 "
+                                    "(nothing to partition: stage 2 cost 15% of the reference workload's train step) "
+                                    "and 1 in bfloat16 (DeepSpeed's BF16 optimizer: float32 master weights and "
+                                    "gradient accumulation)")
+    fused_kernels: bool = Field(
+        default=False, description="on CUDA: Liger's Triton kernels for RMSNorm, RoPE and SwiGLU in the learner "
+                                   "(needs liger-kernel, the [gpu] extra); no effect on CPU")
+    pack_prompts: bool = Field(
+        default=True, description="compute each group's shared prompt once per micro-batch (the G responses attend "
+                                  "to one copy of it); same logprobs and gradients, a fraction of the tokens when "
+                                  "prompts are long against responses (not under ZeRO-3)")
+    logits_chunk_mb: float = Field(
+        default=128.0, gt=0.0, le=65536.0,
+        description="the output layer runs only at response tokens, this many MiB of float32 logits at a time "
+                    "(forward, and again in backward): the [batch, length, vocabulary] logits never exist at once "
+                    "(not under ZeRO-3, whose forward must run whole)")
+    gradient_checkpointing: bool = Field(
+        default=False, description="recompute each decoder layer's activations in backward instead of keeping them "
+                                   "(transformers' gradient checkpointing): less memory for longer sequences or "
+                                   "larger micro-batches, about a third more compute")
+
+
+def zero_stage_for(train: TrainConfig, ranks: int, dtype: str = "float32") -> int:
+    """The ZeRO stage the learner runs with `ranks` data-parallel ranks: ``train.zero_stage``, or for "auto" 2 with
+    several ranks, and with one 0 in float32 (nothing to partition) and 1 in bfloat16: DeepSpeed's BF16 optimizer
+    (float32 master weights, gradients accumulated in float32 over the micro-batches) needs stage 1; at stage 0 it
+    would accumulate bf16 gradients."""
+    if train.zero_stage != "auto":
+        return train.zero_stage
+    if ranks > 1:
+        return 2
+    return 1 if dtype == "bfloat16" else 0
+
+
+class RoleResources(_Section):
+    """What one actor of a role reserves from Ray, and where it may run (custom resources pin it to nodes)."""
+
+    num_cpus: float = Field(default=1.0, gt=0.0, description="Ray CPUs reserved (fractions allowed)")
+    num_gpus: float = Field(default=0.0, ge=0.0, description="GPUs reserved (fractions share one GPU)")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources, e.g. {sampler_node: 0.01} to pin to such nodes")
+    torch_threads: int | None = Field(default=None, ge=1, description="threads inside the actor (default: all "
+                                                                      "cores of its node)")
+
+
+class ClusterConfig(_Section):
+    placement: Literal["colocate", "split", "external"] = Field(
+        default="colocate", description="colocate: each actor holds a sampler and a learner rank, weights move "
+                                        "in-process; split: sampler actors and learner actors apart; external: "
+                                        "samplers are OpenAI-compatible vLLM servers (cluster.servers), each driven "
+                                        "by a light actor (cluster.sampler_resources)")
+    samplers: int = Field(default=1, ge=1, description="vLLM engines, one Ray actor each (colocate: defaults to "
+                                                       "cluster.learners)")
+    learners: int = Field(default=1, ge=1, description="DeepSpeed data-parallel ranks, one Ray actor each")
+    sampler_resources: RoleResources = Field(default_factory=RoleResources)
+    learner_resources: RoleResources = Field(
+        default_factory=RoleResources, description="also what a colocated actor (sampler + learner) reserves")
+    ray_address: str | None = Field(default=None, description="None: start a local Ray on 127.0.0.1")
+    max_actor_restarts: int = Field(
+        default=3, ge=0, description="times the flow recreates a dead engine actor from the latest checkpoint "
+                                     "before it gives up")
+    servers: list[str] = Field(
+        default_factory=list, description="placement=external: base URLs of OpenAI-compatible vLLM servers started "
+                                          "with `grpo serve` (e.g. http://127.0.0.1:8000), one sampler each")
+    server_timeout_s: float = Field(
+        default=120.0, gt=0.0, description="placement=external: seconds one HTTP request to a server may take "
+                                           "before it is retried")
+    server_retries: int = Field(
+        default=2, ge=0, description="placement=external: retries of a request that timed out or could not "
+                                     "connect; then the server counts as down and its share goes to the others")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _samplers_follow_placement(cls, data: Any) -> Any:
+        """Colocated actors hold one sampler and one learner rank each: `cluster.learners=2` alone means two.
+        External samplers are the listed servers."""
+        if not isinstance(data, dict):
+            return data
+        placement = data.get("placement", "colocate")
+        if placement == "colocate" and "samplers" not in data and "learners" in data:
+            data = {**data, "samplers": data["learners"]}
+        if placement == "external" and "samplers" not in data and data.get("servers"):
+            data = {**data, "samplers": len(data["servers"])}
+        return data
+
+
+class WeightsConfig(_Section):
+    transport: Literal["auto", "inprocess", "broadcast", "files", "cuda_ipc"] = Field(
+        default="auto", description="how new weights reach the samplers: inprocess (colocate), broadcast (split: "
+                                    "learner rank 0 -> every sampler worker, gloo on CPU / NCCL on GPU), files "
+                                    "(weights/v-N/ in the run store), cuda_ipc (same GPU, other process); auto: "
+                                    "inprocess for colocate, broadcast for split, files for external")
+    bucket_mb: int = Field(default=64, ge=1, description="broadcast: tensors travel packed in buckets of this size")
+    check_samples: int = Field(
+        default=4, ge=0, description="after each sync, compare sampler and learner logprobs on this many rollout "
+                                     "sequences of every sampler (metric sync_logprob_max_diff); 0: off")
+    check_every: int = Field(
+        default=1, ge=1, description="run that check after every n-th iteration's sync (and the last); the "
+                                     "version check before every rollout is never skipped")
+    check_tolerance: float | None = Field(
+        default=None, gt=0.0, description="the largest sync_logprob_max_diff a check accepts; beyond it the run "
+                                          "fails (a sampler serving other weights than the learner trains). None: "
+                                          "by the engines' dtype, 1e-3 for float32, 0.25 for bfloat16 "
+                                          "(grpo_core/precision.py)")
+
+
+class StorageConfig(_Section):
+    root: str = Field(default="runs", description="local folder or s3://bucket/prefix")
+    options: dict[str, Any] = Field(default_factory=dict, description="fsspec options, e.g. client_kwargs")
+    retries: int = Field(
+        default=5, ge=0, description="Prefect retries of a stage whose run-folder I/O failed transiently "
+                                     "(connection refused, timeout, object-store error)")
+    retry_delay_s: float = Field(
+        default=1.0, ge=0.0, description="delay before the first retry; doubles each time (1, 2, 4, 8, 16 s)")
+
+    @property
+    def retry_delays(self) -> list[float]:
+        """Seconds to wait before each retry: exponential backoff."""
+        return [self.retry_delay_s * 2**i for i in range(self.retries)]
+
+
+class CheckpointConfig(_Section):
+    interval: int = Field(
+        default=10, ge=0, description="iterations between checkpoints (and always after the last one); "
+                                      "0: none but the final policy")
+    keep_last: int = Field(default=2, ge=0, description="complete checkpoints kept; 0 keeps all")
+
+
+class LoggingConfig(_Section):
+    """Where a run's figures and logs go besides metrics.parquet and the Prefect UI."""
+
+    backends: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["tensorboard"],
+        description="metric sinks: tensorboard (event files in the run folder's tensorboard/, the default), wandb "
+                    "and mlflow (when installed; offline unless WANDB_MODE / MLFLOW_TRACKING_URI say otherwise)")
+    project: str = Field(default="grpo-flow", description="W&B project / MLflow experiment name")
+    verbose: bool = Field(default=False, description="show the libraries' log lines (vLLM, DeepSpeed, Ray, "
+                          "Prefect) on the terminal; otherwise they go to logs/ in the run folder (`grpo train -v`)")
+    console_interval_s: float = Field(
+        default=10.0, ge=0.0, le=3600.0,
+        description="the Prefect UI's progress and metrics-table artifacts are published at most this often (and at "
+                    "every evaluation and the run's end); 0: after every iteration. Each is a request carrying the "
+                    "whole table")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "LoggingConfig":
+        if len(set(self.backends)) != len(self.backends):
+            raise ValueError(f"logging.backends lists a backend twice: {self.backends}")
+        return self
