@@ -169,15 +169,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _run_store(args: argparse.Namespace):
     """The run of ``args.run`` (a name under ``args.root`` or a run folder's path), or None after printing why
     there is none."""
-    from grpo_core.runs import locate_run
+    from grpo_core.runs import NotARunFolder, locate_run
     from grpo_core.storage import RunStore
 
     try:
         root, run = locate_run(args.run, args.root)
-    except ValueError as err:
-        folder = os.path.normpath(args.run)
-        print(f"error: {args.run}: {err}; a run is named under its root: {os.path.basename(folder)} --root "
-              f"{os.path.dirname(folder) or '.'}", file=sys.stderr)
+    except NotARunFolder as err:
+        print(f"error: {args.run}: {err}; a run is named under its root: {err.name} --root {err.root}",
+              file=sys.stderr)
         return None
     return RunStore(root, run, json.loads(args.storage_options) if args.storage_options else None)
 

@@ -49,17 +49,16 @@ def resolve_policy(stack: ExitStack, *, model: str | None = None, run: str | Non
         if not os.path.isfile(os.path.join(model, "config.json")):
             raise EvalError(f"--model {model}: not an HF model folder (no config.json)")
         return Policy(model, model, 0)
+    from grpo_core.runs import NotARunFolder, locate_run
     from grpo_core.storage import RunStore
     from grpo_core.weights.lora import ADAPTER_CONFIG, ExportError, export_merged, policy_folder
 
-    from grpo_core.runs import locate_run
-
     try:
         store = RunStore(*locate_run(run, root), storage_options)
-    except ValueError as err:
-        hint = f" (try --run {os.path.basename(os.path.normpath(run))} --root {os.path.dirname(os.path.normpath(run))})" \
-            if "/" in run else ""
-        raise EvalError(f"--run {run!r}: {err}{hint}") from None
+    except NotARunFolder as err:
+        raise EvalError(f"--run {run!r}: {err} (try --run {err.name} --root {err.root})") from None
+    except ValueError as err:  # a name RunStore refuses ("..")
+        raise EvalError(f"--run {run!r}: {err}") from None
     if store.read_config() is None:
         raise EvalError(f"{store.uri}: no run there (no config.json)")
     try:

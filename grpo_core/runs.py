@@ -26,15 +26,23 @@ FINAL = "final"  # the finished policy's folder in a run
 FINAL_MANIFEST = f"{FINAL}/MANIFEST.json"
 
 
+class NotARunFolder(ValueError):
+    """A path given for a run that holds no run; ``name`` and ``root`` are what it would be as a name under a root."""
+
+    def __init__(self, folder: str):
+        self.name, self.root = os.path.basename(folder), os.path.dirname(folder) or "."
+        super().__init__(f"not a run folder (no {CONFIG} in {folder})")
+
+
 def locate_run(run: str, root: str) -> tuple[str, str]:
     """(storage root, run name) of a run given as users type it: a run name under ``root``, or the path of a run
-    folder (``runs/NAME``, ``/abs/runs/NAME/``), which names its own root. A path that is no run folder gets a
-    ValueError saying what was looked for."""
+    folder (``runs/NAME``, ``/abs/runs/NAME/``), which names its own root. A path that is no run folder raises
+    ``NotARunFolder``."""
     if "/" not in run.rstrip("/"):
         return root, run.rstrip("/") or run
     folder = os.path.normpath(run)
     if not os.path.isfile(os.path.join(folder, CONFIG)):
-        raise ValueError(f"not a run folder (no {CONFIG} in {folder})")
+        raise NotARunFolder(folder)
     return os.path.dirname(folder) or ".", os.path.basename(folder)
 
 

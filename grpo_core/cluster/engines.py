@@ -177,8 +177,7 @@ class Engines:
         host = node_ip(self.learners[0])
         port = self._get([self.learners[0].free_port.remote(host)], [self.learners[0]], "free_port")[0]
         client = SamplerWeightClient(self.live_samplers(), workers_per_sampler=self.cfg.rollout.tensor_parallel_size)
-        self._get([a.join_transfer.remote(client, host, port) for a in self.learners], self.learners,
-                  "join_transfer")
+        self._on_learners(lambda a: a.join_transfer.remote(client, host, port), "join_transfer")
 
     def _role(self, actor) -> str:
         parts = []
@@ -458,11 +457,10 @@ class Engines:
         the last sync are replaced first): every learner rank publishes, then every live sampler receives."""
         started = time.perf_counter()
         self.replace_dead_samplers()
-        keep = [v for v in self.sampler_versions() if v is not None]  # external: finds a server that went down
+        keep = [v for v in self.sampler_versions() if v is not None] if self.transport.keeps_serving_versions else []
         if self._transfer_members_changed:  # external: a server went down; the group goes on without it
             self._reform_transfer()
-        outs = self._get([a.publish_weights.remote(keep) for a in self.learners], self.learners, "publish_weights")
-        published = outs[0]
+        published = self._on_learners(lambda a: a.publish_weights.remote(keep), "publish_weights")[0]
         version = int(published["version"])
         self._on_samplers(lambda a: a.receive_weights.remote(version), "receive_weights")
         return {"seconds": time.perf_counter() - started, "version": float(version), "transport": self.transport.kind,

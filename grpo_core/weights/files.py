@@ -36,6 +36,7 @@ def serve_folder(sampler, folder: str, version: int) -> float:
 class FilesTransport(Transport):
     kind = "files"
     placements = ("colocate", "split", "external")
+    keeps_serving_versions = True
 
     def publish(self, ends: Ends, keep_versions: list[int]) -> Published | None:
         """Rank 0 writes the current weights to ``weights/v-N/`` unless already there, and deletes the published

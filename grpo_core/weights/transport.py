@@ -69,6 +69,8 @@ class Transport(ABC):
     forms_group: ClassVar[bool] = False
     # moves weights through CUDA memory: both roles need GPUs
     needs_cuda: ClassVar[bool] = False
+    # publish keeps the versions the samplers still serve (``keep_versions``) and drops the others
+    keeps_serving_versions: ClassVar[bool] = False
 
     # ------------------------------------------------------------------------------------------ config rules
     def check(self, cfg: "GRPOConfig") -> None:
