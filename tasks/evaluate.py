@@ -2,6 +2,7 @@
 the set's reward type -> ``eval-<name>.parquet`` per set, and the ``eval/<name>/...`` metrics."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pyarrow as pa
@@ -43,10 +44,21 @@ def evaluate(ctx: RunContext, iteration: int) -> dict[str, Any]:
 def _examples(scored, questions: dict[int, str], count: int = 3) -> tuple[list[dict], list[dict]]:
     """The ``count`` highest- and lowest-reward completions (for the run's eval artifact in the Prefect UI), each
     with its question (the last user turn; the rendered prompt_text would show the chat template and system prompt)."""
-    cols = [c for c in ("prompt_id", "prompt_text", "response_text", "gt_answer", "reward") if c in scored.column_names]
+    cols = [c for c in ("prompt_id", "prompt_text", "response_text", "gt_answer", "reward", "episode_turns")
+            if c in scored.column_names]
     rows = [dict(zip(cols, values)) for values in zip(*(scored.column(c).to_pylist() for c in cols))]
     rows = [{"prompt": questions.get(r.get("prompt_id"), r.get("prompt_text", "")),
-             "response": r.get("response_text", ""), "answer": r.get("gt_answer", ""), "reward": r["reward"]}
+             "response": r.get("response_text", ""), "answer": r.get("gt_answer", ""), "reward": r["reward"],
+             **({"turns": _turns(r["episode_turns"])} if r.get("episode_turns") else {})}
             for r in rows if r.get("reward") is not None]
     ranked = sorted(rows, key=lambda r: r["reward"], reverse=True)
     return ranked[:count], ranked[::-1][:count]
+
+
+def _turns(episode_turns: str) -> list[dict[str, str]]:
+    """A multi-turn episode turn by turn (role, text, and the tool calls' errors), for the eval artifact."""
+    turns = []
+    for t in json.loads(episode_turns):
+        errors = [c["error"] for c in t.get("tool_calls", []) if c.get("error")]
+        turns.append({"role": t["role"], "text": t["text"], **({"errors": "; ".join(errors)} if errors else {})})
+    return turns

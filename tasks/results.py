@@ -26,6 +26,13 @@ class RolloutResult:
     samplers_used: int = 0
     samplers_lost: int = 0
     samplers_live: int = 0
+    # multi-turn episodes only (None otherwise): per episode means, and shares of episodes
+    turns_mean: float | None = None
+    tool_calls_mean: float | None = None
+    tool_call_frac: float | None = None       # episodes with at least one tool call
+    tool_errors: int | None = None             # calls that failed, timed out or printed too much
+    episode_truncated_frac: float | None = None  # cut by max_turns or a token budget before the policy answered
+    env_errors: int | None = None              # episodes ended by an environment that raised or hung
 
     @classmethod
     def from_meta(cls, name: str, rows: int, reused: bool, meta: dict[str, Any]) -> "RolloutResult":
@@ -35,6 +42,10 @@ class RolloutResult:
 
     def meta(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k not in ("name", "rows", "reused")}
+
+
+EPISODE_METRICS = ("turns_mean", "tool_calls_mean", "tool_call_frac", "tool_errors", "episode_truncated_frac",
+                   "env_errors")
 
 
 @dataclass(frozen=True)
@@ -128,6 +139,7 @@ def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, e
         "loss": train.metrics["loss"], "grad_norm": train.metrics["grad_norm"], "lr": train.metrics["lr"],
         **{name: train.metrics.get(name) for name in ALGORITHM_METRICS},
         "response_length_mean": first.response_length_mean, "truncated_frac": first.truncated_frac,
+        **({name: getattr(first, name) for name in EPISODE_METRICS} if first.turns_mean is not None else {}),
         "kept_frac": scored.metric("kept_frac"), "rollout_rounds": len(rollouts),
         "samplers_lost": sum(r.samplers_lost for r in rollouts),
         "filtered_group_frac": scored.metric("filtered_group_frac"),

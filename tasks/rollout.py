@@ -10,9 +10,33 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NONE
 
+from grpo_core.data.schemas import RESPONSE_MASK
+from grpo_core.envs.episode import ENV_ERROR, ENV_TIMEOUT, TRUNCATED_ENDS
+
 from tasks.context import RunContext
 from tasks.inbox import inbox_groups
 from tasks.results import RolloutResult
+
+
+def policy_lengths(table) -> list[int]:
+    """Tokens per row that the policy sampled: the response length, less an episode's environment tokens."""
+    if RESPONSE_MASK in table.column_names:
+        return [sum(mask) for mask in table.column(RESPONSE_MASK).to_pylist()]
+    return table.column("response_length").to_pylist()
+
+
+def episode_stats(table) -> dict:
+    """The multi-turn metrics of a rollout file with episode columns (none for single-turn rollouts)."""
+    if "num_turns" not in table.column_names:
+        return {}
+    n = table.num_rows
+    calls = table.column("tool_calls").to_pylist()
+    ends = table.column("episode_end").to_pylist()
+    return {"turns_mean": sum(table.column("num_turns").to_pylist()) / n, "tool_calls_mean": sum(calls) / n,
+            "tool_call_frac": sum(c > 0 for c in calls) / n,
+            "tool_errors": sum(table.column("tool_errors").to_pylist()),
+            "episode_truncated_frac": sum(e in TRUNCATED_ENDS for e in ends) / n,
+            "env_errors": sum(e in (ENV_ERROR, ENV_TIMEOUT) for e in ends)}
 
 
 @task(name="rollout", task_run_name="rollout-{iteration:06d}-r{round_}", cache_policy=NONE)
@@ -33,11 +57,12 @@ def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> RolloutResult:
     if round_ == 0:  # groups taken from the inbox replace the iteration's last prompts
         prompts = prompts[: len(prompts) - inbox_groups(ctx, iteration)]
     table, meta = ctx.engines.rollout(iteration, prompts, group_offset=round_ * len(prompts))
-    lengths = table.column("response_length").to_pylist()
+    lengths = policy_lengths(table)
     result = RolloutResult(
         name=name, rows=table.num_rows, reused=False, seconds=meta["seconds"], policy_version=meta["policy_version"],
         tokens=int(sum(lengths)), response_length_mean=sum(lengths) / len(lengths),
         response_length_max=max(lengths), truncated_frac=sum(table.column("truncated").to_pylist()) / len(lengths),
-        samplers_used=meta["samplers_used"], samplers_lost=meta["samplers_lost"], samplers_live=meta["samplers_live"])
+        samplers_used=meta["samplers_used"], samplers_lost=meta["samplers_lost"], samplers_live=meta["samplers_live"],
+        **episode_stats(table))
     ctx.store.put_table(iteration, name, table, meta=result.meta())
     return result

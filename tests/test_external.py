@@ -198,3 +198,28 @@ def test_broadcast_to_two_servers_survives_one_killed_mid_rollout(servers, tiny_
     table = pq.read_table(tmp_path / "test" / "iter-000001" / "rollouts.parquet")
     assert table.num_rows == PROMPTS * G and set(table.column("policy_version").to_pylist()) == {1}
     assert servers[0].weight_version() == "test:v3"
+
+
+def test_a_server_runs_multi_turn_episodes(servers, tiny_model, tmp_path, prefect_harness):
+    """env with external placement: every turn goes to the server as token ids (/v1/completions), the episodes
+    come back with the environment's tokens masked, and the server's logprobs of the policy's tokens are the
+    learner's."""
+    from flows.grpo_train import grpo_train
+
+    cfg = tiny_config(tiny_model, str(tmp_path), run_name="multiturn", iterations=2, eval__interval=0,
+                      rollout__max_new_tokens=64,
+                      env={"kind": f"{REPO / 'tests/multiturn_envs.py'}:ThreeTurns", "turn_tokens": 12},
+                      cluster__placement="external", cluster__servers=[s.url for s in servers],
+                      cluster__sampler_resources={"num_cpus": 0.2})
+    grpo_train(config=cfg)
+    store = RunStore(str(tmp_path), "multiturn")
+    rows = store.read_metrics().to_pylist()
+    assert [r["iteration"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["mismatch_abs_logp_max"] < 1e-3 and r["env_errors"] == 0 and r["turns_mean"] > 2.0, r
+    table = store.get_table(1, "rollouts.parquet").to_pylist()
+    full = [r for r in table if r["episode_end"] == "answered"]
+    assert len(full) > len(table) // 2 and set(r["sampler_id"] for r in table) == {0, 1}
+    for r in full:
+        assert r["num_turns"] == 3 and 0 in r["response_mask"] and r["response_mask"][0] == 1
+        assert len(r["response_mask"]) == len(r["response_token_ids"]) == r["response_length"]

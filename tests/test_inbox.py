@@ -91,3 +91,34 @@ def test_bad_and_stale_items_are_refused_with_file_row_and_field_and_kept(store,
     assert set(kept) == {"bad.parquet", "bad.error.json"}
     assert store.get_json_file("inbox/rejected/bad.error.json") == error
     assert "bad.parquet" not in store.list_files("inbox")
+
+
+def _episodes(groups: int, **broken) -> pa.Table:
+    """An item of multi-turn episodes: response tokens 5, 6 from the policy, 9 from an environment."""
+    table = _item(groups).drop_columns(["response_token_ids", "sampler_logprobs", "response_length"])
+    n = table.num_rows
+    masks = [[1, 0, 1] for _ in range(n)]
+    for key, (row, value) in broken.items():
+        assert key == "response_mask"
+        masks[row] = value
+    return (table.append_column("response_token_ids", pa.array([[5, 9, 6]] * n, pa.list_(pa.int32())))
+            .append_column("sampler_logprobs", pa.array([[-0.5, 0.0, -0.5]] * n, pa.list_(pa.float32())))
+            .append_column("response_length", pa.array([3] * n, pa.int32()))
+            .append_column("response_mask", pa.array(masks, pa.list_(pa.int64()))))
+
+
+def test_episodes_from_outside_keep_their_loss_masks(store):
+    _put(store, "ep", _episodes(2))
+    taken = _take(store)
+    assert taken.items == ["ep"] and not taken.rejected
+    assert taken.table.schema.field("response_mask").type == pa.list_(pa.int8())
+    assert taken.table.column("response_mask").to_pylist() == [[1, 0, 1]] * 2 * G
+
+
+@pytest.mark.parametrize("mask, message", [([1, 0], "has 2 values for 3 tokens"), ([0, 0, 0], "at least one 1"),
+                                           ([1, 2, 1], "must be 0 (environment) or 1 (policy)")])
+def test_a_bad_loss_mask_is_refused_with_its_row(store, mask, message):
+    _put(store, "bad", _episodes(1, response_mask=(2, mask)))
+    taken = _take(store)
+    [error] = taken.rejected
+    assert error["row"] == 2 and error["field"] == "response_mask" and message in error["error"]

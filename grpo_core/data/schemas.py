@@ -34,6 +34,48 @@ SCORE_FIELDS = [
 ]
 
 
+# Multi-turn episodes (``env`` in the config) add these columns after the fixed ones. ``response_token_ids`` then
+# holds every token after the prompt, the environment's included; ``response_mask`` says which the policy sampled
+# (1) and which an environment wrote (0; their ``sampler_logprobs`` are 0.0). ``response_text`` is the last assistant
+# turn (what the scorer scores); ``episode_turns`` the whole episode as JSON (each turn's role, token span, text and
+# finish reason, and the tool calls with their inputs, outputs and errors).
+RESPONSE_MASK = "response_mask"
+EPISODE_FIELDS = [
+    pa.field(RESPONSE_MASK, pa.list_(pa.int8()), nullable=False),
+    pa.field("num_turns", pa.int32(), nullable=False),         # assistant turns
+    pa.field("tool_calls", pa.int32(), nullable=False),
+    pa.field("tool_errors", pa.int32(), nullable=False),       # calls that failed, timed out or printed too much
+    pa.field("episode_end", pa.string(), nullable=False),      # answered, max_turns, length, budget, env_error, ...
+    pa.field("episode_error", pa.string(), nullable=True),     # what the environment raised (env_error/env_timeout)
+    pa.field("env_reward", pa.float64(), nullable=True),       # the environment's own reward, if it gave one
+    pa.field("episode_turns", pa.string(), nullable=False),
+]
+
+
+def episode_columns(table: pa.Table, groups: list[list[Any]]) -> pa.Table:
+    """``table`` (rows of ``groups``' episodes, in order) with the episode columns inserted after the fixed ones."""
+    episodes = [e for group in groups for e in group]
+    if len(episodes) != table.num_rows:
+        raise ValueError(f"{len(episodes)} episodes for {table.num_rows} rollout rows")
+    values = {
+        RESPONSE_MASK: [e.mask for e in episodes],
+        "num_turns": [e.num_turns for e in episodes],
+        "tool_calls": [len(e.tool_calls) for e in episodes],
+        "tool_errors": [sum(c.error is not None for c in e.tool_calls) for e in episodes],
+        "episode_end": [e.end or "" for e in episodes],
+        "episode_error": [e.error for e in episodes],
+        "env_reward": [e.reward for e in episodes],
+        "episode_turns": [e.turns_json() for e in episodes],
+    }
+    for f in EPISODE_FIELDS:
+        if f.name in table.column_names:
+            raise ValueError(f"dataset column {f.name!r} collides with an episode column; rename it in the data")
+    at = len(ROLLOUT_FIELDS)
+    for offset, f in enumerate(EPISODE_FIELDS):
+        table = table.add_column(at + offset, f, pa.array(values[f.name], type=f.type))
+    return table
+
+
 def rollouts_table(rows: list[dict[str, Any]], dataset_columns: list[dict[str, Any]]) -> pa.Table:
     """Typed fixed columns, then the dataset columns of each row's prompt (prefixed names never collide)."""
     fixed = pa.Table.from_pylist(rows, schema=ROLLOUT_SCHEMA)

@@ -252,13 +252,19 @@ def _encode_examples(tokenizer, questions: list[tuple[str, Any]], offsets: list[
         r = tokenizer.encode(task.respond(target, offset), add_special_tokens=False) + [tokenizer.eos_token_id]
         seqs.append(p + r)
         masks.append([0] * len(p) + [1] * len(r))
+    return shared_prefix_batch(seqs, masks, tokenizer.pad_token_id)
+
+
+def shared_prefix_batch(seqs: list[list[int]], masks: list[list[int]], pad_id: int):
+    """Token sequences with their label masks (1: trained on) -> (shared prefix ids [P], right-padded suffix ids
+    [B, T], labels [B, T]); the prefix is what every sequence starts with, up to the first labelled token."""
     common = min(map(len, seqs))
     for s in seqs[1:]:
         common = next((i for i, (x, y) in enumerate(zip(seqs[0][:common], s)) if x != y), common)
     common = max(1, min(common, min(m.index(1) for m in masks)))
     prefix = torch.tensor(seqs[0][:common])
     width = max(map(len, seqs)) - common
-    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     labels = torch.full((len(seqs), width), -100, dtype=torch.long)
     for i, (s, m) in enumerate(zip(seqs, masks)):
         n = len(s) - common

@@ -6,7 +6,8 @@ A producer writes, into the run folder:
     inbox/<name>.parquet   whole groups of G rows, ordered by group then sample: the rollout columns
                            prompt_token_ids, response_token_ids, sampler_logprobs, response_text, finish_reason,
                            truncated, response_length, policy_version, group_id, sample_idx, plus `reward` (float,
-                           null = could not be scored); other columns are kept
+                           null = could not be scored); other columns are kept. Multi-turn episodes add
+                           `response_mask` (0/1 per response token: 0 = an environment's token, out of the loss)
     inbox/<name>.ready     written last: the item is complete (its content is not read)
 
 Names must be unique within a run (a name taken by a recent iteration is treated as a leftover of a crash).
@@ -29,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from grpo_core.data.schemas import ROLLOUT_SCHEMA
+from grpo_core.data.schemas import RESPONSE_MASK, ROLLOUT_SCHEMA
 from grpo_core.storage import RunStore
 
 INBOX = "inbox"
@@ -87,6 +88,8 @@ def validate(table: pa.Table, url: str, group_size: int) -> pa.Table:
             raise InboxError(url, row, "sampler_logprobs", f"has {len(logps)} values for {len(resp)} tokens")
         if length != len(resp):
             raise InboxError(url, row, "response_length", f"is {length}, the response has {len(resp)} tokens")
+    if RESPONSE_MASK in table.column_names:  # multi-turn episodes: which tokens the policy sampled
+        columns[RESPONSE_MASK] = _checked_mask(table, url)
     for row, reward in enumerate(columns["reward"].to_pylist()):
         if reward is not None and not math.isfinite(reward):
             raise InboxError(url, row, "reward", f"is {reward}")
@@ -94,6 +97,24 @@ def validate(table: pa.Table, url: str, group_size: int) -> pa.Table:
     for name, col in columns.items():
         out = out.set_column(out.column_names.index(name), name, col)
     return out
+
+
+def _checked_mask(table: pa.Table, url: str) -> pa.ChunkedArray:
+    """An episode item's ``response_mask``: one 0/1 per response token, some 1 (the policy sampled something)."""
+    target = pa.list_(pa.int8())
+    try:
+        col = table.column(RESPONSE_MASK).cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise InboxError(url, None, RESPONSE_MASK, f"has type {table.column(RESPONSE_MASK).type}, expected "
+                                                   f"{target}: {exc}") from None
+    for row, (mask, resp) in enumerate(zip(col.to_pylist(), table.column("response_token_ids").to_pylist())):
+        if mask is None or len(mask) != len(resp):
+            raise InboxError(url, row, RESPONSE_MASK, f"has {0 if mask is None else len(mask)} values for "
+                                                      f"{len(resp)} tokens")
+        if any(m not in (0, 1) for m in mask) or 1 not in mask:
+            raise InboxError(url, row, RESPONSE_MASK, "must be 0 (environment) or 1 (policy) per token, with "
+                                                      "at least one 1")
+    return col
 
 
 @dataclass

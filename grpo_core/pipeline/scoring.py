@@ -12,13 +12,14 @@ import torch
 
 from grpo_core.algo import compute_advantages, group_filter, overlong_mask, soft_overlong_penalty
 from grpo_core.config import GRPOConfig
-from grpo_core.data.schemas import ROLLOUT_SCHEMA
+from grpo_core.data.schemas import RESPONSE_MASK, ROLLOUT_SCHEMA
 from grpo_core.rewards.scorer import RewardResult, Scorer
 
 
 def dataset_rows(table: pa.Table) -> list[dict[str, Any]]:
-    """The dataset columns of each rollout row (what reward functions receive besides the completion)."""
-    names = [n for n in table.column_names if n not in ROLLOUT_SCHEMA.names]
+    """The dataset columns of each rollout row (what reward functions receive besides the completion); for
+    multi-turn episodes also the episode's columns (``env_reward``, ``episode_turns``, ...) but not its token mask."""
+    names = [n for n in table.column_names if n not in ROLLOUT_SCHEMA.names and n != RESPONSE_MASK]
     return table.select(names).to_pylist()
 
 

@@ -22,7 +22,8 @@ from grpo_core.rewards.plugins import is_plugin_spec, load_plugin, plugin_name
 from grpo_core.rewards.shaping import CosineParams, RepetitionParams
 
 WORKER_REWARDS = ("accuracy",)                                       # computed in worker processes
-LOCAL_REWARDS = ("format", "cosine", "repetition")  # cheap, computed in the scorer's process
+# cheap, computed in the scorer's process ("env": the reward a multi-turn environment gave its episode)
+LOCAL_REWARDS = ("format", "cosine", "repetition", "env")
 BUILTIN_REWARDS = WORKER_REWARDS + LOCAL_REWARDS
 OPTION_KEYS = ("cosine", "repetition", "plugins", "sandbox", "answer_key")
 # DAPO's soft overlong punishment lives in one place, the algorithm (it once was a reward too, and both could

@@ -89,7 +89,7 @@ class Scorer:
             outputs = [found[slot] for slot in slots]
         else:
             outputs = [{} for _ in completions]
-        return [self._combine(i, completion, outputs[i], completion_lengths)
+        return [self._combine(i, completion, outputs[i], completion_lengths, rows[i])
                 for i, completion in enumerate(completions)]
 
     def _check_inputs(self, completions: list[str], rows: list[dict], completion_lengths: list[int] | None) -> None:
@@ -102,7 +102,7 @@ class Scorer:
             raise ValueError(f"{len(completion_lengths)} completion_lengths for {len(completions)} completions")
 
     def _combine(self, index: int, completion: str, output: RowOutput,
-                 completion_lengths: list[int] | None) -> RewardResult:
+                 completion_lengths: list[int] | None, row: dict) -> RewardResult:
         outcomes = _outcomes_of(output, self.plan)
         length = completion_lengths[index] if completion_lengths is not None else len(completion)
         accuracy = outcomes.get(ACCURACY)
@@ -117,6 +117,8 @@ class Scorer:
                 outcome = ComponentOutcome(shaping.repetition_penalty(completion, self.plan.repetition))
             elif name == "cosine":
                 outcome = _cosine_outcome(accuracy, length, self.plan.cosine)
+            elif name == "env":
+                outcome = _env_outcome(row)
             if outcome is None:
                 outcome = ComponentOutcome(None, error=f"{name}: no result from the scorer worker")
             components[name] = outcome.value
@@ -175,6 +177,18 @@ def _outcomes_of(output: RowOutput, plan: RewardPlan) -> dict[str, ComponentOutc
     for name in plan.plugins:
         outcomes[name] = ComponentOutcome(None, error=f"plugin {name!r}: {output.reason}")
     return outcomes
+
+
+def _env_outcome(row: dict) -> ComponentOutcome:
+    """The reward a multi-turn environment gave its episode (``env_reward``); an episode it did not reward (cut
+    short, or an environment that raised) scores 0 with the reason."""
+    if "env_reward" not in row:
+        return ComponentOutcome(None, error="env: the row has no env_reward column (a multi-turn run's rollouts "
+                                            "have one; set env in the config)")
+    if row["env_reward"] is None:
+        return ComponentOutcome(0.0, note=f"env: no reward from the environment (episode_end="
+                                          f"{row.get('episode_end')!r})")
+    return ComponentOutcome(float(row["env_reward"]))
 
 
 def _cosine_outcome(accuracy: ComponentOutcome | None, length: int, params: shaping.CosineParams) -> ComponentOutcome:

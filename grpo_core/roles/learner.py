@@ -21,6 +21,7 @@ from grpo_core import checkpoint
 from grpo_core.checkpoint import CheckpointRef, CheckpointWriter, Snapshot
 from grpo_core.config import GRPOConfig
 from grpo_core.roles.threads import pin_torch_threads
+from grpo_core.data.schemas import RESPONSE_MASK
 from grpo_core.storage import RunStore
 from grpo_core.train.batch import pack_batch
 from grpo_core.train.learner import Learner, LearnerSpec
@@ -144,10 +145,13 @@ class LearnerRole:
             return self._last_train[1]
         pin_torch_threads(self.threads)
         table = self.store.get_table(iteration, name)
-        cols = table.select(["prompt_token_ids", "response_token_ids", "sampler_logprobs", "advantage", "kept"])
+        episodes = RESPONSE_MASK in table.column_names  # multi-turn: environment tokens are out of the loss
+        cols = table.select(["prompt_token_ids", "response_token_ids", "sampler_logprobs", "advantage", "kept"]
+                            + ([RESPONSE_MASK] if episodes else []))
         data = cols.to_pydict()
         batch = pack_batch(data["prompt_token_ids"], data["response_token_ids"], data["sampler_logprobs"],
-                           data["advantage"], data["kept"], self.pad_id)
+                           data["advantage"], data["kept"], self.pad_id,
+                           response_masks=_masks(data) if episodes else None)
         extra: dict[str, float] = {}
         if self.cfg.algo.kl_in_reward:
             batch.advantages, extra = self._kl_shaped_advantages(batch, table.column("shaped_reward").to_pylist())
@@ -256,3 +260,8 @@ class LearnerRole:
             h.update(name.encode())
             h.update(t.float().cpu().numpy().tobytes())
         return h.hexdigest()
+
+
+def _masks(data: dict[str, list]) -> list[list[int]]:
+    """The batch's response masks; rows without one (single-turn rows beside inbox episodes) are all policy."""
+    return [m if m is not None else [1] * len(r) for m, r in zip(data[RESPONSE_MASK], data["response_token_ids"])]

@@ -15,7 +15,8 @@ from typing import Any
 import pyarrow as pa
 
 from grpo_core.config import GRPOConfig
-from grpo_core.data.schemas import sample_rows
+from grpo_core.data.schemas import episode_columns, sample_rows
+from grpo_core.envs.factory import EpisodeSource
 from grpo_core.roles.threads import pin_torch_threads
 from grpo_core.rollout.sampler import Sample, SamplerSpec, VLLMSampler
 from grpo_core.weights.files import FilesTransport, serve_folder
@@ -36,6 +37,7 @@ class SamplerRole:
     sampler: Any  # VLLMSampler, or ServerSampler (external placement)
     transport: Transport
     _catch_up: FilesTransport
+    _episodes: EpisodeSource | None
     dtype: str
     threads: int
     ends: Ends
@@ -44,6 +46,8 @@ class SamplerRole:
         """The vLLM engine (built with the transport's weight-transfer backend, if it has one), or the server
         client checked against the run's lengths."""
         cfg = self.cfg
+        if cfg.env is not None:
+            self._build_episodes()
         if cfg.cluster.placement == "external":
             from grpo_core.rollout.server import ServerSampler
 
@@ -67,6 +71,25 @@ class SamplerRole:
             lora_target_modules=tuple(cfg.model.lora.target_modules) if cfg.model.lora is not None else None,
             share_prompt_prefill=cfg.rollout.share_prompt_prefill))
 
+    def _build_episodes(self) -> None:
+        """Multi-turn rollouts (``env`` in the config): the environment class (a user plugin is imported here, so a
+        bad one fails at start-up), its tools, and the chat continuation of the policy's tokenizer."""
+        from transformers import AutoTokenizer
+
+        self._episodes = EpisodeSource.from_config(self.cfg, AutoTokenizer.from_pretrained(self.cfg.model.path))
+
+    def _generate(self, prompts: list[dict[str, Any]], *, n: int, greedy: bool, seeds: list[int] | None):
+        """Per prompt, its samples: single completions, or episodes when the run has an environment."""
+        ro = self.cfg.rollout
+        if self._episodes is not None:
+            return self._episodes.run(self.sampler, prompts, n=n, greedy=greedy, temperature=ro.temperature,
+                                      top_p=ro.top_p, seeds=seeds)
+        token_lists = [p["prompt_token_ids"] for p in prompts]
+        if greedy:
+            return [[s] for s in self.sampler.generate_greedy(token_lists, max_tokens=ro.max_new_tokens)]
+        return self.sampler.generate(token_lists, n=n, max_tokens=ro.max_new_tokens, temperature=ro.temperature,
+                                     top_p=ro.top_p, seeds=seeds)
+
     def sample(self, iteration: int, prompts: list[dict[str, Any]], group_offset: int) -> tuple[pa.Table, dict]:
         """G responses for each prompt (``{"prompt_id", "prompt_token_ids", "columns"}``); ``group_offset`` is the
         index of the first prompt in the iteration's batch (it decides group ids and seeds)."""
@@ -74,9 +97,7 @@ class SamplerRole:
         pin_torch_threads(self.threads)
         started = time.perf_counter()
         seeds = [sampling_seed(self.cfg.seed, iteration, group_offset + gi) for gi in range(len(prompts))]
-        groups = self.sampler.generate([p["prompt_token_ids"] for p in prompts], n=ro.samples_per_prompt,
-                                       max_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p,
-                                       seeds=seeds)
+        groups = self._generate(prompts, n=ro.samples_per_prompt, greedy=False, seeds=seeds)
         seconds = time.perf_counter() - started
         version = self.sampler.version  # read once: a server answers it over HTTP
         table = self._rows(iteration, prompts, groups, group_offset, version)
@@ -85,16 +106,10 @@ class SamplerRole:
     def generate_eval(self, iteration: int, prompts: list[dict[str, Any]], greedy: bool, samples: int,
                       group_offset: int) -> tuple[pa.Table, dict]:
         """Responses on the eval split: greedy (one per prompt) or sampled at the rollout temperature."""
-        ro = self.cfg.rollout
         pin_torch_threads(self.threads)
         started = time.perf_counter()
-        token_lists = [p["prompt_token_ids"] for p in prompts]
-        if greedy:
-            groups = [[s] for s in self.sampler.generate_greedy(token_lists, max_tokens=ro.max_new_tokens)]
-        else:
-            seeds = [sampling_seed(self.cfg.seed, iteration, 10**6 + group_offset + i) for i in range(len(prompts))]
-            groups = self.sampler.generate(token_lists, n=samples, max_tokens=ro.max_new_tokens,
-                                           temperature=ro.temperature, top_p=ro.top_p, seeds=seeds)
+        seeds = [sampling_seed(self.cfg.seed, iteration, 10**6 + group_offset + i) for i in range(len(prompts))]
+        groups = self._generate(prompts, n=1 if greedy else samples, greedy=greedy, seeds=None if greedy else seeds)
         version = self.sampler.version
         table = self._rows(iteration, prompts, groups, group_offset, version)
         return table, {"seconds": time.perf_counter() - started, "policy_version": version}
@@ -146,5 +161,7 @@ class SamplerRole:
 
     def _rows(self, iteration: int, prompts: list[dict[str, Any]], groups: list[list[Sample]],
               group_offset: int, version: int | None) -> pa.Table:
-        """Rollout rows (the typed columns, then each prompt's dataset columns); grouped, in sample order."""
-        return sample_rows(iteration, prompts, groups, group_offset, version, self.sampler_id)
+        """Rollout rows (the typed columns, the episode columns of a multi-turn run, then each prompt's dataset
+        columns); grouped, in sample order."""
+        table = sample_rows(iteration, prompts, groups, group_offset, version, self.sampler_id)
+        return table if self.cfg.env is None else episode_columns(table, groups)

@@ -99,17 +99,18 @@ class VLLMSampler:
         self._tied = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
         self._tokenizer = self.llm.get_tokenizer()
 
-    def generate(self, prompts: list[list[int]], *, n: int, max_tokens: int, temperature: float = 1.0,
+    def generate(self, prompts: list[list[int]], *, n: int, max_tokens: int | list[int], temperature: float = 1.0,
                  top_p: float = 1.0, seeds: list[int] | None = None) -> list[list[Sample]]:
         """Sample ``n`` responses for each tokenised prompt. ``seeds[i]`` makes prompt i reproducible (vLLM gives
-        its n children ``seed + k``)."""
+        its n children ``seed + k``); ``max_tokens`` one for all or one per prompt."""
         from vllm import SamplingParams, TokensPrompt
 
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
+        widths = per_prompt(max_tokens, len(prompts))
         self._fresh_prefix_cache()
         params = [
-            SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+            SamplingParams(n=n, max_tokens=widths[i], temperature=temperature, top_p=top_p,
                            seed=None if seeds is None else seeds[i], **_FAST_LOGPROBS)
             for i in range(len(prompts))
         ]
@@ -128,10 +129,11 @@ class VLLMSampler:
         if self.spec.share_prompt_prefill and not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache (requests still running)")
 
-    def generate_greedy(self, prompts: list[list[int]], *, max_tokens: int) -> list[Sample]:
+    def generate_greedy(self, prompts: list[list[int]], *, max_tokens: int | list[int]) -> list[Sample]:
         from vllm import SamplingParams, TokensPrompt
 
-        params = SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0, **_FAST_LOGPROBS)
+        params = [SamplingParams(n=1, max_tokens=w, temperature=0.0, **_FAST_LOGPROBS)
+                  for w in per_prompt(max_tokens, len(prompts))]
         self._fresh_prefix_cache()
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False,
                                     lora_request=self._lora)
@@ -241,6 +243,15 @@ class VLLMSampler:
         tokens = iter(token_lists)
         return [[Sample(token_ids=(ids := next(tokens)), logprobs=_sampled_logprobs(c, ids), text=next(texts),
                         finish_reason=str(c.finish_reason)) for c in completions] for completions in groups]
+
+
+def per_prompt(max_tokens: int | list[int], count: int) -> list[int]:
+    """``max_tokens`` as one value per prompt (multi-turn episodes have each their own room left)."""
+    if isinstance(max_tokens, int):
+        return [max_tokens] * count
+    if len(max_tokens) != count:
+        raise ValueError(f"max_tokens has {len(max_tokens)} entries for {count} prompts")
+    return list(max_tokens)
 
 
 # vLLM's CPU attention takes KV blocks of a multiple of 32 tokens; prefix caching reuses whole blocks only.

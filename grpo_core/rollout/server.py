@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from grpo_core.rollout.sampler import Sample
+from grpo_core.rollout.sampler import Sample, per_prompt
 
 _BACKOFF_S = 0.5
 
@@ -108,18 +108,20 @@ class ServerSampler:
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_parallel, len(bodies)))) as pool:
             return list(pool.map(lambda b: self._post("/v1/completions", {"model": model, **b}).json(), bodies))
 
-    def generate(self, prompts: list[list[int]], *, n: int, max_tokens: int, temperature: float = 1.0,
+    def generate(self, prompts: list[list[int]], *, n: int, max_tokens: int | list[int], temperature: float = 1.0,
                  top_p: float = 1.0, seeds: list[int] | None = None) -> list[list[Sample]]:
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
-        bodies = [{"prompt": p, "n": n, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
+        widths = per_prompt(max_tokens, len(prompts))
+        bodies = [{"prompt": p, "n": n, "max_tokens": widths[i], "temperature": temperature, "top_p": top_p,
                    "logprobs": 0, "return_token_ids": True, "skip_special_tokens": True,
                    **({} if seeds is None else {"seed": seeds[i]})} for i, p in enumerate(prompts)]
         return [self._samples(r, n) for r in self._completions(bodies)]
 
-    def generate_greedy(self, prompts: list[list[int]], *, max_tokens: int) -> list[Sample]:
-        bodies = [{"prompt": p, "n": 1, "max_tokens": max_tokens, "temperature": 0.0, "logprobs": 0,
-                   "return_token_ids": True, "skip_special_tokens": True} for p in prompts]
+    def generate_greedy(self, prompts: list[list[int]], *, max_tokens: int | list[int]) -> list[Sample]:
+        bodies = [{"prompt": p, "n": 1, "max_tokens": w, "temperature": 0.0, "logprobs": 0,
+                   "return_token_ids": True, "skip_special_tokens": True}
+                  for p, w in zip(prompts, per_prompt(max_tokens, len(prompts)))]
         return [self._samples(r, 1)[0] for r in self._completions(bodies)]
 
     def score_tokens(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
