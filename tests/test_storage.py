@@ -134,7 +134,7 @@ def test_failed_table_write_keeps_previous_manifest(make_store, monkeypatch):
         sink.write(b"PAR1 half a file")
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(storage.pq, "write_table", broken_write)
+    monkeypatch.setattr(storage.manifest.pq, "write_table", broken_write)
     with pytest.raises(OSError, match="disk on fire"):
         store.put_table(1, "scored.parquet", _table())
     monkeypatch.undo()
@@ -282,7 +282,7 @@ def test_local_overwrite_interrupted_mid_write_keeps_old_file(tmp_path, monkeypa
     def dying_fsync(fd):
         raise OSError("power cut")
 
-    monkeypatch.setattr(storage.os, "fsync", dying_fsync)
+    monkeypatch.setattr(storage.files.os, "fsync", dying_fsync)
     with pytest.raises(OSError, match="power cut"):
         store.put_bytes("report/summary.txt", b"new summary that never lands")
     monkeypatch.undo()
