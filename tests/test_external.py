@@ -206,10 +206,12 @@ def test_a_server_runs_multi_turn_episodes(servers, tiny_model, tmp_path, prefec
     learner's."""
     from flows.grpo_train import grpo_train
 
+    live = [s for s in servers if s.proc.poll() is None]  # the broadcast test before this one kills a server
+    assert live
     cfg = tiny_config(tiny_model, str(tmp_path), run_name="multiturn", iterations=2, eval__interval=0,
                       rollout__max_new_tokens=64,
                       env={"kind": f"{REPO / 'tests/multiturn_envs.py'}:ThreeTurns", "turn_tokens": 12},
-                      cluster__placement="external", cluster__servers=[s.url for s in servers],
+                      cluster__placement="external", cluster__servers=[s.url for s in live],
                       cluster__sampler_resources={"num_cpus": 0.2})
     grpo_train(config=cfg)
     store = RunStore(str(tmp_path), "multiturn")
@@ -219,7 +221,7 @@ def test_a_server_runs_multi_turn_episodes(servers, tiny_model, tmp_path, prefec
         assert r["mismatch_abs_logp_max"] < 1e-3 and r["env_errors"] == 0 and r["turns_mean"] > 2.0, r
     table = store.get_table(1, "rollouts.parquet").to_pylist()
     full = [r for r in table if r["episode_end"] == "answered"]
-    assert len(full) > len(table) // 2 and set(r["sampler_id"] for r in table) == {0, 1}
+    assert len(full) > len(table) // 2 and set(r["sampler_id"] for r in table) == set(range(len(live)))
     for r in full:
         assert r["num_turns"] == 3 and 0 in r["response_mask"] and r["response_mask"][0] == 1
         assert len(r["response_mask"]) == len(r["response_token_ids"]) == r["response_length"]
