@@ -19,7 +19,7 @@ import pytest
 
 from grpo_core.storage import RunStore
 from tests.conftest import REPO, tiny_config
-from tests.watchers import during_rollout
+from tests.watchers import RequestTrap
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(1200)]
 
@@ -107,13 +107,13 @@ def test_files_to_two_servers_one_stalls_mid_rollout_and_rejoins(servers, tiny_m
     every live server's prompt logprobs equal to the learner's; rows carry the version the server reports."""
     from flows.grpo_train import grpo_train
 
+    store = RunStore(str(tmp_path), "test")
+    trap = RequestTrap(servers[1].port, store, 0, lambda: servers[1].signal(signal.SIGSTOP))
     cfg = tiny_config(tiny_model, str(tmp_path), iterations=4, eval__interval=0, rollout__temperature=0.7,
-                      cluster__placement="external", cluster__servers=[s.url for s in servers],
+                      cluster__placement="external", cluster__servers=[servers[0].url, trap.url],
                       cluster__sampler_resources={"num_cpus": 0.2}, cluster__server_timeout_s=3.0,
                       cluster__server_retries=1, weights__transport="files")
-    store = RunStore(str(tmp_path), "test")
     stop = threading.Event()
-    stalled = during_rollout(store, 0, stop, lambda _p: servers[1].signal(signal.SIGSTOP))
 
     def resume_after_iteration_1() -> None:
         while not stop.is_set():
@@ -130,8 +130,9 @@ def test_files_to_two_servers_one_stalls_mid_rollout_and_rejoins(servers, tiny_m
         result = grpo_train(config=cfg)
     finally:
         stop.set()
+        trap.close()
         servers[1].signal(signal.SIGCONT)
-    assert stalled, "the watcher never caught a rollout in progress"
+    assert trap.fired.is_set(), "no rollout request reached server 1 after iteration 0"
     assert result["recoveries"] == 0
     rows = store.read_metrics().to_pylist()
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
@@ -176,18 +177,18 @@ def test_broadcast_to_two_servers_survives_one_killed_mid_rollout(servers, tiny_
     check runs every second iteration and after the last (weights.check_every=2)."""
     from flows.grpo_train import grpo_train
 
-    cfg = tiny_config(tiny_model, str(tmp_path), iterations=3, eval__interval=1,
-                      cluster__placement="external", cluster__servers=[s.url for s in servers],
+    store = RunStore(str(tmp_path), "test")
+    trap = RequestTrap(servers[1].port, store, 0, lambda: servers[1].signal(signal.SIGKILL))
+    # eval every 2nd iteration: the first completions request after iteration 0 is iteration 1's rollout
+    cfg = tiny_config(tiny_model, str(tmp_path), iterations=3, eval__interval=2,
+                      cluster__placement="external", cluster__servers=[servers[0].url, trap.url],
                       cluster__sampler_resources={"num_cpus": 0.2}, cluster__server_timeout_s=10.0,
                       cluster__server_retries=1, weights__transport="broadcast", weights__check_every=2)
-    store = RunStore(str(tmp_path), "test")
-    stop = threading.Event()
-    killed = during_rollout(store, 0, stop, lambda _p: servers[1].signal(signal.SIGKILL))
     try:
         result = grpo_train(config=cfg)
     finally:
-        stop.set()
-    assert killed, "the watcher never caught a rollout in progress"
+        trap.close()
+    assert trap.fired.is_set(), "no rollout request reached server 1 after iteration 0"
     rows = store.read_metrics().to_pylist()
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
     assert rows[1]["samplers_lost"] == 1 and rows[2]["samplers"] == 1

@@ -1,6 +1,7 @@
 """Test helpers that act on a running flow from a thread: at a chosen moment of a rollout."""
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Callable
@@ -38,3 +39,73 @@ def during_rollout(store: RunStore, after_iteration: int, stop: threading.Event,
 
     threading.Thread(target=watch, daemon=True).start()
     return fired
+
+
+class RequestTrap:
+    """A TCP forwarder on a free loopback port in front of one server (``url`` is what the flow is given).
+
+    Watching actor process titles for a rollout in progress races the tiny model, whose server can answer a whole
+    shard in a few milliseconds: the action then lands after the answers. Here the action runs when the server is
+    actually asked for completions: the first ``POST /v1/completions`` that reaches the server once ``after_iteration``
+    is in metrics.parquet runs ``action`` (freeze or kill the server) before its bytes are passed on, so that request
+    is in flight against a server that can no longer answer it. ``fired`` is set once the action ran."""
+
+    MARK = b"POST /v1/completions"
+
+    def __init__(self, port: int, store: RunStore, after_iteration: int, action: Callable[[], None]):
+        self.target = port
+        self.store, self.after = store, after_iteration
+        self.action = action
+        self.fired = threading.Event()
+        self._armed = False
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+
+    def _is_armed(self) -> bool:
+        if not self._armed:
+            try:
+                self._armed = self.after in self.store.read_metrics().column("iteration").to_pylist()
+            except OSError:  # metrics.parquet not written yet
+                pass
+        return self._armed
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            except OSError:
+                client.close()  # the server is gone: the client sees its connection closed
+                continue
+            upstream.settimeout(None)
+            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, from_client: bool) -> None:
+        try:
+            while chunk := src.recv(65536):
+                if from_client and self.MARK in chunk and not self.fired.is_set():
+                    with self._lock:
+                        if not self.fired.is_set() and self._is_armed():
+                            self.action()
+                            self.fired.set()
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
