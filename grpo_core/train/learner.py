@@ -73,6 +73,18 @@ def ensure_process_group() -> None:
     dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=0, world_size=1)
 
 
+def _states_at(hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``hidden[rows, cols]`` ([B, L, H] -> [N, H]) as an ``index_select`` of the flattened states, for its backward.
+
+    Advanced indexing's backward is ``index_put_(accumulate=True)``, which on CPU adds repeated positions with atomic
+    adds from several threads, in an order that depends on timing. Packed rows repeat positions (a shared prompt's
+    last position predicts every response's first token), so the gradient, and from there the whole run, changed in
+    the 7th digit from one process to the next on a loaded machine. ``index_select``'s backward (``index_add_``) sums
+    repeated positions in index order: the same bits every time."""
+    b, length, h = hidden.shape
+    return hidden.reshape(b * length, h).index_select(0, rows * length + cols)
+
+
 class Learner:
     def __init__(self, spec: LearnerSpec, algo: AlgoConfig, train: TrainConfig, micro_batch_size: int,
                  grad_accum_steps: int):
@@ -146,13 +158,13 @@ class Learner:
                                                                                 torch.finfo(dtype).min)
             hidden = lm.get_decoder()(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
                                       attention_mask=bias.to(dev), use_cache=False).last_hidden_state
-            at = hidden[packed.src_row.to(dev), packed.src_pos.to(dev)]
+            at = _states_at(hidden, packed.src_row.to(dev), packed.src_pos.to(dev))
             where, targets = (packed.dst_row.to(dev), packed.dst_col.to(dev)), packed.targets.to(dev)
         else:
             hidden = lm.get_decoder()(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
                                       use_cache=False).last_hidden_state
             rows, cols = (t.to(dev) for t in mb.response_mask.nonzero(as_tuple=True))
-            at, where, targets = hidden[rows, cols], (rows, cols), mb.input_ids.to(dev)[rows, cols + 1]
+            at, where, targets = _states_at(hidden, rows, cols), (rows, cols), mb.input_ids.to(dev)[rows, cols + 1]
         head = lm.get_output_embeddings()
         tok_logp, tok_ent = output_logprobs(at, head.weight, targets, temperature=temp, entropy=entropy,
                                             chunk_tokens=chunk_tokens_for(head.weight.shape[0],
