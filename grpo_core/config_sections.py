@@ -4,6 +4,7 @@ the rules across sections; import them from there.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -61,17 +62,21 @@ class ModelConfig(_Section):
 
 
 class ChatTurn(_Section):
-    """One turn of a worked example shown before every prompt (``data.few_shot``)."""
+    """One turn of a worked example shown before every prompt (``data.few_shot``); ``tool``: a tool's output, as an
+    environment would give it, between the assistant turn that called the tool and the next assistant turn."""
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "tool"]
     content: str = Field(min_length=1)
 
 
 def _check_few_shot(turns: list[ChatTurn], field: str) -> None:
-    roles = [t.role for t in turns]
-    if roles and (len(roles) % 2 or any(r != ("user" if i % 2 == 0 else "assistant") for i, r in enumerate(roles))):
-        raise ValueError(f"{field} must be pairs of turns, user then assistant (a question and its worked answer), "
-                         f"got roles {roles}")
+    """Each example: a user turn, then the worked answer: an assistant turn, or assistant turns with the outputs of
+    the tools they called between them (user, assistant, tool, ..., assistant)."""
+    roles = "".join({"user": "U", "assistant": "A", "tool": "T"}[t.role] for t in turns)
+    if not re.fullmatch(r"(UA(T+A)*)*", roles):
+        raise ValueError(f"{field} must be pairs of turns, user then assistant (a question and its worked answer; "
+                         f"an answer that calls tools: assistant, tool, ..., assistant), got roles "
+                         f"{[t.role for t in turns]}")
 
 
 class DataConfig(_Section):
@@ -85,9 +90,10 @@ class DataConfig(_Section):
     system_prompt: str | None = Field(
         default=None, description="None: the default system prompt of the reward type; '' for none at all")
     few_shot: list[ChatTurn] = Field(
-        default_factory=list, description="worked examples as chat turns (user, assistant, ...) put after the "
-                                          "system prompt and before every prompt's own messages: how a pretrained "
-                                          "instruct model learns the answer format it is rewarded for")
+        default_factory=list, description="worked examples as chat turns (user, assistant, ...; an answer that "
+                                          "calls tools: assistant, tool, assistant) put after the system prompt and "
+                                          "before every prompt's own messages: how a pretrained instruct model "
+                                          "learns the answer format it is rewarded for")
     max_prompt_tokens: int = Field(default=512, ge=8)
     shuffle: bool = True
     on_bad_row: Literal["error", "skip"] = "error"

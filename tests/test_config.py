@@ -310,6 +310,15 @@ def test_few_shot_turns_are_user_assistant_pairs_and_eval_sets_inherit_them():
         build_config(_tree(data={"few_shot": turns[::-1]}))
     with pytest.raises(ConfigError, match=r"data.few_shot.0.role"):
         build_config(_tree(data={"few_shot": [{"role": "system", "content": "x"}, turns[1]]}))
+    # a worked answer that calls a tool: assistant (the call), tool (its output), assistant (the answer)
+    calls = [{"role": "user", "content": "What is 512 * 734?"},
+             {"role": "assistant", "content": "<calculator>512 * 734</calculator>"},
+             {"role": "tool", "content": "375808"}, {"role": "assistant", "content": "\\boxed{375808}"}]
+    assert [t.role for t in build_config(_tree(data={"few_shot": calls + turns})).data.few_shot] == \
+        ["user", "assistant", "tool", "assistant", "user", "assistant"]
+    for bad in (calls[:3], [calls[0], calls[2], calls[3]], calls[:2] + calls[2:3] * 2):
+        with pytest.raises(ConfigError, match=r"data.few_shot must be pairs of turns"):
+            build_config(_tree(data={"few_shot": bad}))
 
 
 def test_dtype_auto_resolves_by_the_device_and_the_sync_tolerance_follows():
