@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 import psutil
+import torch
 import yaml
+from safetensors.torch import load_file
 
 from grpo_core import checkpoint
 from grpo_core.storage import RunStore
@@ -74,3 +76,26 @@ def wait_committed(store: RunStore, proc: subprocess.Popen, log: Path, timeout: 
         if proc.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"no checkpoint was committed:\n{log.read_text()}")
         time.sleep(0.02)
+
+
+def kill_once_listed(config: dict, tmp: Path, iteration: int, name: str) -> RunStore:
+    """Start `grpo train` on ``config`` and SIGKILL its whole process tree as soon as ``name`` of ``iteration`` is
+    committed. Returns the run's store."""
+    store = RunStore(config["storage"]["root"], config["run_name"])
+    proc, log = start_cli(config, tmp, "first")
+    wait_listed(store, iteration, name, proc, log)
+    kill_tree(proc)
+    return store
+
+
+def weights_differing(root: Path, run: str, ref_root: Path, ref_run: str) -> list[str]:
+    """The tensors of ``run``'s final weights that are not bit-identical to ``ref_run``'s (same names asserted)."""
+    a = load_file(str(ref_root / ref_run / "final" / "model.safetensors"))
+    b = load_file(str(root / run / "final" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    return [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def learning_rows(root: Path, run: str, columns: tuple[str, ...]) -> list[dict]:
+    """The run's metrics rows, restricted to ``columns`` (what describes learning, not timings)."""
+    return [{k: r.get(k) for k in columns} for r in RunStore(str(root), run).read_metrics().to_pylist()]

@@ -7,8 +7,6 @@ import io
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,7 +14,7 @@ import pyarrow.parquet as pq
 from grpo_core import checkpoint
 from grpo_core.pipeline import inbox
 from grpo_core.storage import RunStore
-from tests.cli_runs import kill_tree, run_cli_to_end, start_cli, wait_listed
+from tests.cli_runs import kill_once_listed, learning_rows, run_cli_to_end, weights_differing
 from tests.conftest import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -64,20 +62,14 @@ def test_rollout_overlaps_training_and_staleness_is_bounded(reference):
 def test_sigkill_mid_training_then_resume_is_exact_in_async_mode(reference, tiny_model, tmp_path):
     """Kill once iteration 5's batch is scored (it is collected while iteration 4 trains), resume, compare."""
     cfg = _config(tiny_model, tmp_path, "cut")
-    store = RunStore(str(tmp_path), "cut")
-    proc, log = start_cli(cfg, tmp_path, "first")
-    wait_listed(store, 5, "scored.parquet", proc, log)
-    kill_tree(proc)
+    store = kill_once_listed(cfg, tmp_path, 5, "scored.parquet")
     committed = checkpoint.latest(store)
     assert committed is not None and committed.iteration in (1, 3), committed
 
     text = run_cli_to_end(cfg, tmp_path, "resumed")
     assert f"resuming cut from {committed.name}, policy version {committed.policy_version}" in text, text
-    a = load_file(str(reference / "ref" / "final" / "model.safetensors"))
-    b = load_file(str(tmp_path / "cut" / "final" / "model.safetensors"))
-    assert [k for k in a if not torch.equal(a[k], b[k])] == [], "final weights differ from the uninterrupted run"
-    pick = lambda rows: [{k: r.get(k) for k in LEARNING} for r in rows]  # noqa: E731
-    assert pick(_rows(tmp_path, "cut")) == pick(_rows(reference, "ref"))
+    assert weights_differing(tmp_path, "cut", reference, "ref") == [], "final weights differ from the uninterrupted run"
+    assert learning_rows(tmp_path, "cut", LEARNING) == learning_rows(reference, "ref", LEARNING)
     # The batches after the checkpoint were sampled by older weights than it holds: they were reused, not redone.
     assert store.entry(committed.iteration + 1, "rollouts.parquet").meta["policy_version"] < committed.policy_version
 

@@ -19,7 +19,7 @@ import pytest
 
 from grpo_core.storage import RunStore
 from tests.conftest import REPO, tiny_config
-from tests.watchers import RequestTrap
+from tests.watchers import RequestTrap, recorded
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(1200)]
 
@@ -116,12 +116,7 @@ def test_files_to_two_servers_one_stalls_mid_rollout_and_rejoins(servers, tiny_m
     stop = threading.Event()
 
     def resume_after_iteration_1() -> None:
-        while not stop.is_set():
-            try:
-                if 1 in store.read_metrics().column("iteration").to_pylist():
-                    break
-            except OSError:
-                pass
+        while not stop.is_set() and not recorded(store, 1):
             time.sleep(0.05)
         servers[1].signal(signal.SIGCONT)
 

@@ -7,13 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
-from safetensors.torch import load_file
 
 from grpo_core import checkpoint
 from grpo_core.storage import RunStore
-from tests.cli_runs import kill_tree, run_cli_to_end, start_cli, wait_listed
+from tests.cli_runs import kill_once_listed, learning_rows, run_cli_to_end, weights_differing
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -85,22 +83,12 @@ def test_a_sigkilled_multi_turn_run_resumes_bit_identical(reference, tiny_tools_
     trains beside that rollout), then resumed from its last checkpoint: the final weights and every
     learning metric equal the uninterrupted run's, one row per iteration."""
     cfg = _config(tiny_tools_model, tmp_path, "cut")
-    store = RunStore(str(tmp_path), "cut")
-    proc, log = start_cli(cfg, tmp_path, "first")
-    wait_listed(store, 5, "scored.parquet", proc, log)
-    kill_tree(proc)
+    store = kill_once_listed(cfg, tmp_path, 5, "scored.parquet")
     committed = checkpoint.latest(store)
     assert committed is not None and committed.iteration in (1, 3), committed
     text = run_cli_to_end(cfg, tmp_path, "resumed")
     assert f"resuming cut from {committed.name}" in text, text
-    a = load_file(str(reference / "ref" / "final" / "model.safetensors"))
-    b = load_file(str(tmp_path / "cut" / "final" / "model.safetensors"))
-    assert a.keys() == b.keys()
-    differing = [k for k in a if not torch.equal(a[k], b[k])]
+    differing = weights_differing(tmp_path, "cut", reference, "ref")
     assert not differing, f"final weights differ from the uninterrupted run in {differing}"
-
-    def learning(root: Path, run: str) -> list[dict]:
-        return [{k: r.get(k) for k in LEARNING} for r in _rows(root, run)]
-
-    assert learning(tmp_path, "cut") == learning(reference, "ref")
+    assert learning_rows(tmp_path, "cut", LEARNING) == learning_rows(reference, "ref", LEARNING)
     assert [r["iteration"] for r in _rows(tmp_path, "cut")] == list(range(ITERATIONS + 1))

@@ -23,7 +23,10 @@ from safetensors.torch import load_file
 
 from grpo_core import checkpoint
 from grpo_core.storage import RunStore
-from tests.cli_runs import api_env, kill_tree, run_cli_to_end, start_cli, wait_committed, wait_listed
+from tests.cli_runs import (
+    api_env, kill_once_listed, kill_tree, learning_rows, run_cli_to_end, start_cli, wait_committed, wait_listed,
+    weights_differing,
+)
 from tests.conftest import REPO, tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -47,14 +50,11 @@ def _final_weights(root: Path, run: str) -> dict[str, torch.Tensor]:
 
 
 def _learning_rows(root: Path, run: str) -> list[dict]:
-    rows = RunStore(str(root), run).read_metrics().to_pylist()
-    return [{k: r.get(k) for k in LEARNING} for r in rows]
+    return learning_rows(root, run, LEARNING)
 
 
 def _assert_same_run(root: Path, run: str, ref_root: Path, ref_run: str) -> None:
-    a, b = _final_weights(ref_root, ref_run), _final_weights(root, run)
-    assert a.keys() == b.keys()
-    differing = [k for k in a if not torch.equal(a[k], b[k])]
+    differing = weights_differing(root, run, ref_root, ref_run)
     assert not differing, f"final weights differ from the uninterrupted run in {differing}"
     assert _learning_rows(root, run) == _learning_rows(ref_root, ref_run)
     iterations = [r["iteration"] for r in _learning_rows(root, run)]
@@ -110,10 +110,7 @@ def test_sigkill_between_stages_then_resume_is_exact(reference, tiny_model, tmp_
 def test_sigkill_mid_training_then_resume_is_exact(reference, tiny_model, tmp_path):
     """Kill as soon as iteration 4's batch is scored: the learner is inside its update (two optimizer steps)."""
     cfg = _config(tiny_model, tmp_path, "midtrain")
-    store = RunStore(str(tmp_path), "midtrain")
-    proc, log = start_cli(cfg, tmp_path, "first")
-    wait_listed(store, 4, "scored.parquet", proc, log)
-    kill_tree(proc)
+    store = kill_once_listed(cfg, tmp_path, 4, "scored.parquet")
     assert store.entry(4, "train.json") is None, "the kill was meant to land inside iteration 4's update"
     committed = checkpoint.latest(store)  # iter-000003, or iter-000001 if the kill beat iter-000003's commit
     assert committed is not None and committed.iteration in (1, 3), committed

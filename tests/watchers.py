@@ -11,6 +11,14 @@ import psutil
 from grpo_core.storage import RunStore
 
 
+def recorded(store: RunStore, iteration: int) -> bool:
+    """Whether ``iteration``'s row is in metrics.parquet (False while the file is not written yet)."""
+    try:
+        return iteration in store.read_metrics().column("iteration").to_pylist()
+    except OSError:
+        return False
+
+
 def during_rollout(store: RunStore, after_iteration: int, stop: threading.Event,
                    action: Callable[[psutil.Process], None]) -> list[int]:
     """Once ``after_iteration`` is in metrics.parquet, call ``action`` with the first sampler actor process seen
@@ -19,12 +27,7 @@ def during_rollout(store: RunStore, after_iteration: int, stop: threading.Event,
     fired: list[int] = []
 
     def watch() -> None:
-        while not stop.is_set():
-            try:
-                if after_iteration in store.read_metrics().column("iteration").to_pylist():
-                    break
-            except OSError:
-                pass
+        while not stop.is_set() and not recorded(store, after_iteration):
             time.sleep(0.02)
         while not stop.is_set() and not fired:
             for p in psutil.Process().children(recursive=True):
@@ -69,11 +72,7 @@ class RequestTrap:
         self._listener.close()
 
     def _is_armed(self) -> bool:
-        if not self._armed:
-            try:
-                self._armed = self.after in self.store.read_metrics().column("iteration").to_pylist()
-            except OSError:  # metrics.parquet not written yet
-                pass
+        self._armed = self._armed or recorded(self.store, self.after)
         return self._armed
 
     def _accept(self) -> None:
