@@ -139,3 +139,69 @@ def test_vllm_greedy_matches_transformers(model_dir, monkeypatch):
                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, ids.shape[1]:]
         assert list(out.outputs[0].token_ids) == ref.tolist(), prompt
         assert out.outputs[0].token_ids[-1] == tok.eos_token_id
+
+
+
+# A model small enough to build in a second or two; its clean phase is far too short to reach
+# CLEAN_ACCURACY_WARNING, so the extra exact-answer rounds always run to their bound.
+_CHECKED_SPEC = tiny.TinySpec(hidden_size=64, num_heads=2, num_layers=1, intermediate_size=128, clean_steps=2,
+                              noisy_steps=3, batch_size=4, eval_max_new_tokens=4, clean_retry_rounds=2,
+                              clean_retry_steps=1, noisy_chunk_steps=1, noisy_extra_chunks=2,
+                              near_miss_max_greedy=0.1, near_miss_min_sampled=0.05)
+
+
+def _scripted_rates(monkeypatch, rates: list[tuple[float, float]]) -> list[int]:
+    """Make the near-miss measurement return `rates` (greedy, sampled) in turn, so the test chooses which branch
+    the build takes; returns the list the calls are appended to."""
+    calls: list[int] = []
+
+    def fake(*_args, **_kwargs):
+        greedy, sampled = rates[len(calls)]
+        calls.append(len(calls))
+        return {"greedy": greedy, "sampled": sampled}
+
+    monkeypatch.setattr(tiny, "near_miss_rates", fake)
+    return calls
+
+
+def _weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def test_build_checks_adjust_within_their_bounds_and_change_nothing_when_they_pass(tmp_path, monkeypatch):
+    """The clean phase's extra rounds stop at `clean_retry_rounds`; a noisy phase whose sampled accuracy is too low
+    goes back to the latest chunk boundary inside the band (the weights then equal those of a build that stopped
+    there and passed at once); one whose greedy accuracy stays too high runs `noisy_extra_chunks` more chunks and
+    no more, and warns."""
+    monkeypatch.setattr(tiny, "CLEAN_CHECK_ROWS", 8)  # fewer rows to generate for: the test times the build
+    train, no_eval = DATA / "train.jsonl", tmp_path / "no-eval.jsonl"  # the eval split's accuracies: not needed
+    logs: list[str] = []
+    _scripted_rates(monkeypatch, [(0.0, 0.01), (0.0, 0.02), (0.0, 0.2), (0.0, 0.3)])
+    back = tiny.build_tiny(tmp_path / "back", train_path=train, eval_path=no_eval, spec=_CHECKED_SPEC,
+                           log=logs.append)
+    clean, near = back["checks"]["clean"], back["checks"]["near_miss"]
+    assert clean["extra_rounds"] == 2 and len(clean["history"]) == 3 and not clean["passed"]
+    assert any(m.startswith("WARNING: the exact-answer phase") for m in logs)
+    assert [t["noisy_steps"] for t in near["tried"]] == [3, 2, 1] and near["steps"] == 1 and near["passed"]
+    assert back["train_sampled_accuracy"] == 0.2
+    assert json.loads((tmp_path / "back" / "build_metrics.json").read_text())["checks"]["near_miss"]["steps"] == 1
+
+    _scripted_rates(monkeypatch, [(0.0, 0.2)])
+    one = tiny.build_tiny(tmp_path / "one", train_path=train, eval_path=no_eval, log=lambda _: None,
+                          spec=tiny.TinySpec(**{**_CHECKED_SPEC.__dict__, "noisy_steps": 1}))
+    assert one["checks"]["near_miss"]["tried"] == [{"noisy_steps": 1, "greedy": 0.0, "sampled": 0.2}]
+    wa, wb = _weights(tmp_path / "back"), _weights(tmp_path / "one")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+    logs.clear()
+    calls = _scripted_rates(monkeypatch, [(0.5, 0.3), (0.4, 0.3), (0.3, 0.3), (0.0, 0.3)])
+    forward = tiny.build_tiny(tmp_path / "fwd", train_path=train, eval_path=no_eval, spec=_CHECKED_SPEC,
+                             log=logs.append)
+    near = forward["checks"]["near_miss"]
+    assert len(calls) == 3 and [t["noisy_steps"] for t in near["tried"]] == [3, 4, 5]
+    assert near["steps"] == 5 and not near["passed"]
+    assert any(m.startswith("WARNING: no policy met the near-miss band") for m in logs)
+    wf = _weights(tmp_path / "fwd")
+    assert any(not torch.equal(wf[k], wa[k]) for k in wa)
