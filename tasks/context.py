@@ -1,4 +1,5 @@
-"""What the tasks of one flow run share: the config, the run folder, the long-lived engines and the scorer.
+"""What the tasks of one flow run share: the config, the run folder, the long-lived engines, the scorer (and the
+actors of its model rewards).
 
 Created once per flow run; tasks receive it and never rebuild an engine. ``pending_checkpoint`` is the checkpoint
 whose files are being written in the background and not yet committed; ``status`` is the run's status.json.
@@ -12,6 +13,7 @@ from typing import Any
 from prefect.utilities.annotations import quote
 
 from grpo_core.cluster.engines import Engines
+from grpo_core.cluster.reward_models import RewardModels
 from grpo_core.config import GRPOConfig
 from grpo_core.pipeline.evaluation import EvalScorers, EvalSet
 from grpo_core.pipeline.prompts import PromptStream
@@ -38,6 +40,7 @@ class RunContext:
     status: RunStatus
     eval_sets: list[EvalSet] = field(default_factory=list)   # the named eval sets, first set first
     eval_scorers: EvalScorers | None = None                  # an accuracy scorer per eval reward type
+    reward_models: RewardModels | None = None                # the actors of reward.models (the scorer asks them)
     pending_checkpoint: PendingCheckpoint | None = None
     started_at: float = field(default_factory=time.time)  # the flow run's start: stage timestamps count from it
 

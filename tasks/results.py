@@ -66,6 +66,10 @@ class ScoreResult:
     def seconds(self) -> float:
         return float(self.metrics.get("score_seconds", 0.0))
 
+    def component_means(self) -> dict[str, float]:
+        """``reward_<name>_mean`` of every reward component that applied to some row (model rewards included)."""
+        return {k: v for k, v in self.metrics.items() if k.startswith("reward_") and k.endswith("_mean")}
+
     def metric(self, name: str) -> float | None:
         """A metric that only some configurations produce (None otherwise)."""
         return self.metrics.get(name)
@@ -135,6 +139,7 @@ def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, e
         "staleness_mean": staleness[0], "staleness_max": staleness[1],
         "inbox_groups": inbox["groups"], "inbox_rejected": inbox.get("rejected", 0),
         "reward_mean": scored.reward_mean, "accuracy_mean": scored.metric("reward_accuracy_mean"),
+        **scored.component_means(),
         "distinct_frac": scored.metric("distinct_frac"),
         "loss": train.metrics["loss"], "grad_norm": train.metrics["grad_norm"], "lr": train.metrics["lr"],
         **{name: train.metrics.get(name) for name in ALGORITHM_METRICS},

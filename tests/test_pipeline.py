@@ -47,6 +47,7 @@ def test_encoded_prompt_carries_dataset_columns_and_template():
     p = enc.encode({"prompt_id": 2, "messages": [{"role": "user", "content": "hi"}], "gt_answer": "5",
                     "level": 3}, "mem.jsonl")
     assert p["columns"]["gt_answer"] == "5" and p["columns"]["level"] == 3
+    assert p["columns"]["messages"] == [{"role": "user", "content": "hi"}]  # the dataset's, for model rewards
     assert p["columns"]["prompt_text"] == "<system>SYS<user>hi<assistant>"
     assert p["prompt_token_ids"] == [ord(c) for c in p["columns"]["prompt_text"]]
 

@@ -68,9 +68,11 @@ def start_ray(cfg: GRPOConfig) -> dict[str, Any]:
         ray.init(address=cfg.cluster.ray_address, log_to_driver=cfg.logging.verbose,
                  _node_ip_address="127.0.0.1" if on_loopback(cfg) else None)
     else:
-        wanted = sum(count * res.num_cpus for _, count, res in _roles(cfg))
+        roles = _roles(cfg) + [("reward", sum(m.replicas for m in cfg.reward.models.values()),
+                                cfg.cluster.reward_resources)]
+        wanted = sum(count * res.num_cpus for _, count, res in roles)
         custom: dict[str, float] = {}
-        for _, count, res in _roles(cfg):
+        for _, count, res in roles:
             for key, amount in res.resources.items():
                 custom[key] = custom.get(key, 0.0) + count * amount
         # "local": always a new cluster of our own (without it ray.init joins any cluster a `ray start` or another

@@ -75,7 +75,8 @@ def _last_user_turn(messages: list[dict[str, str]]) -> str:
 
 class EvalScorers:
     """An accuracy scorer per reward type of the eval sets. The run's own scorer serves its reward type (it is
-    already started); other types get an accuracy-only scorer of their own, started here and closed by ``close``."""
+    already started) unless it asks model rewards (a reward model's score is no accuracy); other types get an
+    accuracy-only scorer of their own, started here and closed by ``close``."""
 
     def __init__(self, cfg: GRPOConfig, sets: list[EvalSet], run_scorer: Scorer | None = None):
         r = cfg.reward
@@ -85,7 +86,7 @@ class EvalScorers:
             kind = s.spec.reward_type
             if kind in self._by_type:
                 continue
-            if run_scorer is not None and kind == r.type:
+            if run_scorer is not None and kind == r.type and not run_scorer.models:
                 self._by_type[kind] = run_scorer
             else:
                 sandbox = {"sandbox": r.options["sandbox"]} if "sandbox" in r.options else {}

@@ -13,8 +13,10 @@ import numpy as np
 from grpo_core.data.prompts import chat_messages
 from grpo_core.data.readers import DataError, PromptSet
 
-# Columns that travel with each rollout row besides the tokens (the prompt itself is carried as tokens + text).
-_NOT_CARRIED = ("messages", "prompt_id")
+# Columns that travel with each rollout row besides the tokens: all but the id (a fixed column). The prompt is carried
+# as tokens, as the rendered text (``prompt_text``) and as the dataset's own ``messages`` (what model rewards score,
+# without the run's system prompt or worked examples).
+_NOT_CARRIED = ("prompt_id",)
 
 
 class PromptTokenizer:

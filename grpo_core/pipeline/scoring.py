@@ -32,12 +32,16 @@ def score_table(table: pa.Table, scorer: Scorer) -> tuple[list[RewardResult], di
     # The share of distinct (response, prompt) pairs: what the verifiers ran on (reward.dedupe verifies repeats once;
     # a prompt's rows carry the same dataset columns, so the prompt id stands for them here).
     distinct = len(set(zip(completions, table.column("prompt_id").to_pylist())))
-    metrics = {"reward_mean": sum(scored) / len(scored) if scored else float("nan"),
-               "unscored": float(len(results) - len(scored)),
+    # A mean over no values is left out, not NaN (metrics go into JSON manifests): a component that applied to no row
+    # of the batch (a plugin's None everywhere) has no mean this iteration.
+    metrics = {"unscored": float(len(results) - len(scored)),
                "distinct_frac": distinct / len(completions) if completions else float("nan")}
+    if scored:
+        metrics["reward_mean"] = sum(scored) / len(scored)
     for name in (results[0].components if results else {}):
         values = [r.components.get(name) for r in results if r.components.get(name) is not None]
-        metrics[f"reward_{name}_mean"] = sum(values) / len(values) if values else float("nan")
+        if values:
+            metrics[f"reward_{name}_mean"] = sum(values) / len(values)
     return results, metrics
 
 
@@ -45,6 +49,8 @@ def with_rewards(table: pa.Table, results: list[RewardResult]) -> pa.Table:
     out = table.append_column("reward", pa.array([r.reward for r in results], pa.float64()))
     for name in (results[0].components if results else {}):
         out = out.append_column(f"reward_{name}", pa.array([r.components.get(name) for r in results], pa.float64()))
+    for name in dict.fromkeys(name for r in results for name in r.raw):  # judges' verdict texts
+        out = out.append_column(f"reward_{name}_raw", pa.array([r.raw.get(name) for r in results], pa.string()))
     return out.append_column("reward_error", pa.array([r.error for r in results], pa.string()))
 
 

@@ -15,7 +15,7 @@ A reward name containing ":" is a plugin spec used inline; its component is name
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Iterable
 
 from grpo_core.rewards.accuracy import REWARD_TYPES
 from grpo_core.rewards.plugins import is_plugin_spec, load_plugin, plugin_name
@@ -61,8 +61,13 @@ def _params(cls: type, name: str, values: Any) -> Any:
 
 
 def build_plan(reward_type: str, rewards: list[str], weights: list[float] | None,
-               options: dict[str, Any] | None) -> RewardPlan:
-    """Check the configuration and resolve plugin specs (importing each once here, to fail early)."""
+               options: dict[str, Any] | None, model_names: Iterable[str] = ()) -> RewardPlan:
+    """Check the configuration and resolve plugin specs (importing each once here, to fail early). `model_names`:
+    the model rewards the scorer was given (``reward.models``), valid reward names too."""
+    model_names = set(model_names)
+    clash = sorted(model_names & set(BUILTIN_REWARDS))
+    if clash:
+        raise ValueError(f"reward.models {clash}: a built-in reward has that name; name the model reward otherwise")
     if reward_type not in REWARD_TYPES:
         raise ValueError(f"unknown reward type {reward_type!r}; choose one of {list(REWARD_TYPES)}")
     options = dict(options or {})
@@ -81,7 +86,7 @@ def build_plan(reward_type: str, rewards: list[str], weights: list[float] | None
     names: list[str] = []
     plugins: dict[str, str] = {}
     for reward in rewards:
-        if reward in BUILTIN_REWARDS:
+        if reward in BUILTIN_REWARDS or reward in model_names:
             name = reward
         elif reward in named_plugins:
             name = reward
@@ -91,7 +96,8 @@ def build_plan(reward_type: str, rewards: list[str], weights: list[float] | None
             plugins[name] = reward
         else:
             raise ValueError(f"unknown reward {reward!r}: not one of {list(BUILTIN_REWARDS)}, not in "
-                             f"options['plugins'] ({sorted(named_plugins)}), and not a 'module:function' spec")
+                             f"options['plugins'] ({sorted(named_plugins)}), not a model reward (reward.models: "
+                             f"{sorted(model_names)}), and not a 'module:function' spec")
         if name in names:
             raise ValueError(f"reward {name!r} is listed twice")
         names.append(name)

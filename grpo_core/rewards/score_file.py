@@ -1,7 +1,9 @@
 """``grpo score``: score a file of responses offline with the same Scorer the training flow uses.
 
 INPUT is jsonl or parquet with a response column; OUTPUT (jsonl or parquet, by extension) keeps every input row and
-column in order and adds ``reward``, one ``reward_<name>`` column per reward component, and ``reward_error``. A row
+column in order and adds ``reward``, one ``reward_<name>`` column per reward component (and ``reward_<name>_raw``,
+a judge's text), and ``reward_error``. ``--reward-config`` takes a run config's reward section, model rewards
+included (loaded in this process). A row
 whose response is missing or not a string is an error naming the file, row and field (``--on-bad-row error``), or
 keeps its place unscored with the reason in ``reward_error`` (``--on-bad-row skip``). A jsonl line that is not a
 JSON object (not JSON, not UTF-8) is an error too, or with skip is left out of OUTPUT (it has no columns to keep)
@@ -32,8 +34,12 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rewards", default="accuracy",
                         help="comma-separated reward names (accuracy,format,cosine,repetition) or module:function")
     parser.add_argument("--reward-weights", default=None, help="comma-separated weights, one per reward (default 1)")
+    parser.add_argument("--reward-config", default=None,
+                        help="a run config (YAML) whose reward section is used: type, rewards, weights, options and "
+                             "model rewards (reward.models: reward models and judges, loaded in this process); "
+                             "replaces --reward-type, --rewards and --reward-weights")
     parser.add_argument("--prompt-key", default="messages",
-                        help="prompt column (not needed to score; accepted so data flags match `grpo train`)")
+                        help="prompt column (chat messages or a string): what model rewards score with the response")
     parser.add_argument("--answer-key", default="gt_answer", help="column with the gold answer (math)")
     parser.add_argument("--response-key", default="response", help="column with the response to score")
     parser.add_argument("--workers", type=int, default=2, help="scorer worker processes")
@@ -50,10 +56,18 @@ def run_score(args: argparse.Namespace) -> int:
             raise ScoreInputError("soft_overlong needs token counts, which a response file does not have")
         if not args.output.endswith((".jsonl", ".json", ".parquet")):
             raise ScoreInputError(f"{args.output}: the output must end in .jsonl or .parquet")
+        section = _reward_section(args.reward_config) if args.reward_config else None
         records, table, unreadable = _read(args.input, args.on_bad_row)
         responses, rows, problems = _score_inputs(args, records)
-        scorer = Scorer(reward_type=args.reward_type, rewards=rewards, weights=weights, num_workers=args.workers,
-                        timeout_s=args.timeout, options={"answer_key": args.answer_key})
+        models = _model_rewards(section)
+        if section is not None:
+            scorer = Scorer(reward_type=section.type, rewards=section.rewards, weights=section.weights,
+                            num_workers=args.workers, timeout_s=section.timeout_s, dedupe=section.dedupe,
+                            options={"answer_key": args.answer_key, **section.options}, models=models,
+                            prompt_key=args.prompt_key)
+        else:
+            scorer = Scorer(reward_type=args.reward_type, rewards=rewards, weights=weights,
+                            num_workers=args.workers, timeout_s=args.timeout, options={"answer_key": args.answer_key})
     except (ScoreInputError, ValueError) as error:  # bad input or a bad reward configuration: say which
         print(f"grpo score: {error}", file=sys.stderr)
         return 2
@@ -66,6 +80,8 @@ def run_score(args: argparse.Namespace) -> int:
         scorable = [i for i in range(len(records)) if i not in problems]
         scored = scorer.score([responses[i] for i in scorable], [rows[i] for i in scorable])
         names = list(scorer.plan.names)
+    for model in models.values():
+        model.close()
     results: list[RewardResult] = [RewardResult(None, {name: None for name in names}, problems.get(i))
                                    for i in range(len(records))]
     for index, result in zip(scorable, scored):
@@ -90,6 +106,34 @@ def _list_unreadable(source: str, output: str, unreadable: list[str]) -> None:
         print(f"grpo score: {source}: skipped {reason}", file=sys.stderr)
     print(f"grpo score: {len(unreadable)} unreadable line(s) of {source} left out, listed in {path}",
           file=sys.stderr)
+
+
+def _reward_section(path: str):
+    """The ``reward`` section of a run config file (or a file that is only that section), checked."""
+    import yaml
+    from pydantic import ValidationError
+
+    from grpo_core.config import RewardConfig, check_reward_model_folders
+
+    if not os.path.exists(path):
+        raise ScoreInputError(f"--reward-config {path}: no such file")
+    with open(path, encoding="utf-8") as handle:
+        tree = yaml.safe_load(handle) or {}
+    if not isinstance(tree, dict):
+        raise ScoreInputError(f"--reward-config {path}: expected a mapping")
+    try:
+        section = RewardConfig(**tree.get("reward", tree))
+    except ValidationError as error:
+        raise ScoreInputError(f"--reward-config {path}: {error}") from None
+    check_reward_model_folders(section.models)
+    return section
+
+
+def _model_rewards(section) -> dict[str, Any]:
+    """The section's model rewards, loaded in this process (no Ray offline)."""
+    from grpo_core.rewards.models import make_model_reward
+
+    return {name: make_model_reward(model) for name, model in (section.models if section else {}).items()}
 
 
 def _weights(text: str | None) -> list[float] | None:
@@ -179,6 +223,8 @@ def _reward_columns(results: list[RewardResult], names: list[str]) -> dict[str, 
     columns: dict[str, list[Any]] = {"reward": [r.reward for r in results]}
     for name in names:
         columns[f"reward_{name}"] = [r.components.get(name) for r in results]
+    for name in dict.fromkeys(name for r in results for name in r.raw):  # judges' verdict texts
+        columns[f"reward_{name}_raw"] = [r.raw.get(name) for r in results]
     columns["reward_error"] = [r.error for r in results]
     return columns
 
@@ -194,7 +240,7 @@ def _write(path: str, records: list[dict[str, Any]], table: Any, columns: dict[s
 
         base = table if table is not None else pa.Table.from_pylist(records)
         for name, values in columns.items():
-            kind = pa.string() if name == "reward_error" else pa.float64()
+            kind = pa.string() if name == "reward_error" or name.endswith("_raw") else pa.float64()
             base = base.append_column(name, pa.array(values, type=kind))
         pq.write_table(base, temporary)
     elif path.endswith((".jsonl", ".json")):

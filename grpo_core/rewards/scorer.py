@@ -11,6 +11,11 @@ What a ``RewardResult`` means:
 A plugin may return None for a completion it does not apply to: that component is None, left out of the weighted
 sum, and is not an error (as in TRL). A row where no component applies gets reward None with an error.
 
+Model rewards (``models``: reward models and judges, see ``grpo_core.rewards.models``) score the same pairs in
+whatever holds them (Ray actors in a run, this process in ``grpo score``); a row a model could not score (too long,
+an unparseable verdict, a judge server that never answered) is unscored with the model's reason, and a judge's text
+is kept in ``RewardResult.raw``.
+
 Identical (completion, row) pairs of one ``score`` call are verified once and share the outcome (``dedupe``, on by
 default; turn it off for a plugin whose result is not a function of the completion and its row).
 
@@ -23,10 +28,11 @@ from __future__ import annotations
 
 import json
 import weakref
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from grpo_core.rewards import shaping
+from grpo_core.rewards.models.base import ModelReward, ModelVerdict, RewardInput
 from grpo_core.rewards.pool import FatalWorkerError, LostRow, RowOutput, WorkerPool
 from grpo_core.rewards.registry import RewardPlan, build_plan
 from grpo_core.rewards.worker import ACCURACY, ComponentOutcome, WorkerSpec
@@ -39,6 +45,7 @@ class RewardResult:
     reward: float | None                   # weighted sum; None when the row could not be scored
     components: dict[str, float | None]    # one entry per configured reward name
     error: str | None                      # why it could not be scored, or a note on a row scored as wrong
+    raw: dict[str, str | None] = field(default_factory=dict)  # a judge's text, per model component
 
 
 class Scorer:
@@ -49,12 +56,18 @@ class Scorer:
     The parent side uses no signals, so ``score`` may be called from any thread, but from one thread at a time.
     """
 
-    def __init__(self, reward_type: str = "boxed", rewards: list[str] = ["accuracy"], weights: list[float] | None = None,
-                 num_workers: int = 2, timeout_s: float = 5.0, options: dict | None = None, dedupe: bool = True):
+    def __init__(self, reward_type: str = "boxed", rewards: list[str] = ["accuracy"],
+                 weights: list[float] | None = None, num_workers: int = 2, timeout_s: float = 5.0,
+                 options: dict | None = None, dedupe: bool = True, models: Mapping[str, ModelReward] | None = None,
+                 prompt_key: str = "messages"):
+        """``models``: the model rewards by name (each named in ``rewards`` too); ``prompt_key``: the rows' column
+        of prompt messages they score with the completion."""
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.dedupe = dedupe
-        self.plan: RewardPlan = build_plan(reward_type, list(rewards), weights, options)
+        self.models = dict(models or {})
+        self.prompt_key = prompt_key
+        self.plan: RewardPlan = build_plan(reward_type, list(rewards), weights, options, model_names=self.models)
         self.timeout_s = timeout_s
         self._pool: WorkerPool | None = None
         worker_components = int(self.plan.needs_accuracy) + len(self.plan.plugins)
@@ -78,19 +91,35 @@ class Scorer:
               completion_lengths: list[int] | None = None) -> list[RewardResult]:
         """One RewardResult per completion, in input order."""
         self._check_inputs(completions, rows, completion_lengths)
+        items = list(zip(completions, rows))
+        slots = _distinct_slots(items) if self.dedupe else list(range(len(items)))
+        unique_by_slot = {slot: item for slot, item in zip(slots, items)}
+        unique = [unique_by_slot[k] for k in range(len(unique_by_slot))]
         if self._pool is not None:
-            items = list(zip(completions, rows))
-            slots = _distinct_slots(items) if self.dedupe else list(range(len(items)))
-            unique = {slot: item for slot, item in zip(slots, items)}
             try:
-                found = self._pool.run([unique[k] for k in range(len(unique))])
+                found = self._pool.run(unique)
             except FatalWorkerError as error:
                 raise _original_error(error) from error
             outputs = [found[slot] for slot in slots]
         else:
             outputs = [{} for _ in completions]
-        return [self._combine(i, completion, outputs[i], completion_lengths, rows[i])
+        verdicts = self._model_verdicts(unique)
+        return [self._combine(i, completion, outputs[i], completion_lengths, rows[i],
+                              {name: found[slots[i]] for name, found in verdicts.items()})
                 for i, completion in enumerate(completions)]
+
+    def _model_verdicts(self, items: list[tuple[str, dict]]) -> dict[str, list[ModelVerdict]]:
+        """Each model reward's verdicts on the distinct (completion, row) pairs."""
+        if not self.models:
+            return {}
+        inputs = [reward_input(c, row, self.prompt_key, self.plan.answer_key) for c, row in items]
+        out = {}
+        for name, model in self.models.items():
+            verdicts = model.score(inputs)
+            if len(verdicts) != len(inputs):
+                raise RuntimeError(f"model reward {name!r} gave {len(verdicts)} verdicts for {len(inputs)} rows")
+            out[name] = verdicts
+        return out
 
     def _check_inputs(self, completions: list[str], rows: list[dict], completion_lengths: list[int] | None) -> None:
         if len(completions) != len(rows):
@@ -101,9 +130,12 @@ class Scorer:
         if completion_lengths is not None and len(completion_lengths) != len(completions):
             raise ValueError(f"{len(completion_lengths)} completion_lengths for {len(completions)} completions")
 
-    def _combine(self, index: int, completion: str, output: RowOutput,
-                 completion_lengths: list[int] | None, row: dict) -> RewardResult:
+    def _combine(self, index: int, completion: str, output: RowOutput, completion_lengths: list[int] | None,
+                 row: dict, verdicts: dict[str, ModelVerdict]) -> RewardResult:
         outcomes = _outcomes_of(output, self.plan)
+        outcomes.update({name: ComponentOutcome(v.value, error=v.error and f"{name}: {v.error}")
+                         for name, v in verdicts.items()})
+        raw = {name: v.raw for name, v in verdicts.items() if v.raw is not None}
         length = completion_lengths[index] if completion_lengths is not None else len(completion)
         accuracy = outcomes.get(ACCURACY)
         components: dict[str, float | None] = {}
@@ -135,11 +167,11 @@ class Scorer:
                 messages.append(outcome.error)
         error = "; ".join(dict.fromkeys(messages)) or None
         if failed:
-            return RewardResult(None, components, error)
+            return RewardResult(None, components, error, raw)
         applicable = [(w, v) for w, v in zip(self.plan.weights, components.values()) if v is not None]
         if not applicable:
-            return RewardResult(None, components, error or "no reward component applies to this completion")
-        return RewardResult(sum(w * v for w, v in applicable), components, error)
+            return RewardResult(None, components, error or "no reward component applies to this completion", raw)
+        return RewardResult(sum(w * v for w, v in applicable), components, error, raw)
 
     def close(self) -> None:
         """Stop the worker processes. Safe to call twice."""
@@ -152,6 +184,23 @@ class Scorer:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+def reward_input(completion: str, row: dict, prompt_key: str, answer_key: str) -> RewardInput:
+    """What a model reward sees of a row: its prompt messages (a chat list, one message, or a plain string), the
+    completion and the gold answer if the row has one."""
+    prompt = row.get(prompt_key)
+    if isinstance(prompt, dict):
+        prompt = [prompt]
+    if isinstance(prompt, str):
+        messages: tuple[tuple[str, str], ...] = (("user", prompt),)
+    elif isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+        messages = tuple((str(m.get("role", "user")), str(m.get("content", ""))) for m in prompt)
+    else:
+        raise ValueError(f"a model reward needs the prompt: the row's {prompt_key!r} column holds "
+                         f"{type(prompt).__name__}, not chat messages or a string")
+    answer = row.get(answer_key)
+    return RewardInput(messages, completion, None if answer is None else str(answer))
 
 
 def _distinct_slots(items: list[tuple[str, dict]]) -> list[int]:
