@@ -41,7 +41,7 @@ from tasks.context import Opaque, RunContext
 from tasks.evaluate import evaluate
 from tasks.inbox import take_inbox
 from tasks.io_retry import io_retry_options
-from tasks.results import IterationTimes, RolloutResult, ScoreResult, iteration_row
+from tasks.results import EvalResult, InboxResult, IterationTimes, RolloutResult, ScoreResult, iteration_row
 from tasks.rollout import rollout
 from tasks.run_log import run_logging
 from tasks.run_state import latest_checkpoint, prepare_run, record, resolve_inputs, scale_samplers, write_status
@@ -120,7 +120,7 @@ class _Batch:
     inside: float
     wall: float
     stamps: dict[str, float]
-    inbox: dict[str, Any]  # what the iteration took from the inbox (groups, rows, version_min, version_sum)
+    inbox: InboxResult  # what the iteration took from the inbox
 
 
 def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
@@ -152,7 +152,7 @@ def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
         sc = ScoreResult(out.name, out.rows, False, {**scored[0].metrics, **out.metrics,
                                                      "score_seconds": sum(s.seconds for s in scored)})
     inside = sum(r.seconds for r in rollouts if not r.reused) + sc.seconds
-    return _Batch(rollouts, sc, inside, time.perf_counter() - t0, stamps, taken or {"groups": 0, "rows": 0})
+    return _Batch(rollouts, sc, inside, time.perf_counter() - t0, stamps, taken or InboxResult())
 
 
 def _run_start_time():
@@ -303,13 +303,13 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Cons
         print(line)
     console.summary(lines, saved["folder"], ctx.status.latest_checkpoint)
     return {"run": store.uri, "iterations": cfg.iterations, "final_folder": saved["folder"],
-            "final_eval_accuracy": last_eval["accuracy"] if last_eval else None, "summary": lines,
+            "final_eval_accuracy": last_eval.accuracy if last_eval else None, "summary": lines,
             "resumed_from": resumed_from, "recoveries": ctx.status.recoveries,
             "replaced_samplers": ctx.engines.replaced_samplers, "actors": ctx.status.actors}
 
 
 def _iterate_with_recovery(ctx: RunContext, stages: _Stages, start: int, console: RunConsole,
-                           terminal: Console) -> dict[str, Any] | None:
+                           terminal: Console) -> EvalResult | None:
     """Run the iterations from `start`; an engine actor lost mid-run is recreated and the run continues from the
     latest checkpoint, at most ``cluster.max_actor_restarts`` times. Returns the last evaluation."""
     cfg, store = ctx.cfg, ctx.store
@@ -342,13 +342,13 @@ def _iterate_with_recovery(ctx: RunContext, stages: _Stages, start: int, console
 
 
 def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunConsole, terminal: Console,
-                    sinks: MetricSinks) -> dict[str, Any] | None:
+                    sinks: MetricSinks) -> EvalResult | None:
     """Iterations ``start..iterations-1`` and the final evaluation; returns the last evaluation. Each recorded
     row and evaluation also goes to the run's artifacts in the Prefect UI (``console``)."""
     cfg, store = ctx.cfg, ctx.store
     window = cfg.window  # the async rule: what is collected when, which rows may train
     do_eval = bool(ctx.eval_sets) and cfg.eval.interval > 0
-    last_eval: dict[str, Any] | None = None
+    last_eval: EvalResult | None = None
     batches: dict[int, _Batch] = {}  # collected, not yet trained on (async: up to s ahead)
     with Progress(cfg.iterations, console=terminal, completed=start) as progress:
         for it in range(start, cfg.iterations):
@@ -390,8 +390,8 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
             check_s = sy.check_seconds or 0.0
             overlapped = max(tr.seconds, batches[ahead].inside if ahead is not None else 0.0)
             taken = batch.inbox
-            staleness = window.staleness_of(it, batch.rollouts[0].policy_version, cfg.batch_size, taken["rows"],
-                                            taken.get("version_sum", 0), taken.get("version_min"))
+            staleness = window.staleness_of(it, batch.rollouts[0].policy_version, cfg.batch_size, taken.rows,
+                                            taken.version_sum, taken.version_min)
             times = IterationTimes(
                 eval_s=eval_s, rollout_s=batch.wall - batch.scored.seconds, train_s=t3 - t2,
                 sync_s=t4 - t3 - check_s, total_s=t4 - t0,
@@ -420,8 +420,8 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
             t0 = time.perf_counter()
             last_eval = stages.evaluate(ctx, cfg.iterations)
             console.evaluation(cfg.iterations, last_eval)
-            final.update({"eval_accuracy": last_eval["accuracy"], "time_eval_s": time.perf_counter() - t0,
-                          "policy_version": last_eval["policy_version"], **last_eval["metrics"]})
+            final.update({"eval_accuracy": last_eval.accuracy, "time_eval_s": time.perf_counter() - t0,
+                          "policy_version": last_eval.policy_version, **last_eval.metrics})
             stages.record(store, ctx.status, final)
             sinks.log(final)
             print(iteration_line(final))

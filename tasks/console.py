@@ -20,6 +20,8 @@ from prefect.artifacts import (
     create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact,
 )
 
+from tasks.results import EvalResult
+
 # The columns of the metrics table artifact (the rest stay in metrics.parquet).
 TABLE_COLUMNS = ("iteration", "policy_version", "reward_mean", "accuracy_mean", "eval_accuracy", "loss",
                  "grad_norm", "entropy", "clipfrac", "response_length_mean", "staleness_max",
@@ -50,26 +52,26 @@ def _md(text: Any, limit: int = 160) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-def eval_markdown(run_name: str, iteration: int, result: dict[str, Any], history: list[float]) -> str:
+def eval_markdown(run_name: str, iteration: int, result: EvalResult, history: list[float]) -> str:
     """Accuracy, its curve so far, and the best and worst completions of one evaluation."""
+    mean = "none scored" if result.reward_mean is None else f"{result.reward_mean:.3f}"
     lines = [f"## {run_name}: evaluation at iteration {iteration}", "",
-             f"**accuracy {result['accuracy']:.3f}** ({'greedy' if result['greedy'] else 'sampled'}, "
-             f"{result['rows']} responses, policy version {result['policy_version']}, "
-             f"mean reward {result['reward_mean']:.3f})", ""]
-    sets = result.get("metrics", {})
+             f"**accuracy {result.accuracy:.3f}** ({'greedy' if result.greedy else 'sampled'}, "
+             f"{result.rows} responses, policy version {result.policy_version}, mean reward {mean})", ""]
+    sets = result.metrics
     if len({k.split("/")[1] for k in sets}) > 1 or any("pass@" in k for k in sets):  # named sets, pass@k
         lines += ["| metric | value |", "|---|---|"] + [f"| `{k}` | {v:.3f} |" for k, v in sets.items()
                                                          if not k.endswith(("/prompts", "/unscored"))] + [""]
     if history:
         lines += [f"accuracy over evaluations: `{sparkline(history)}` "
                   f"({' → '.join(f'{a:.2f}' for a in history[-8:])})", ""]
-    for title, rows in (("Best", result.get("best", [])), ("Worst", result.get("worst", []))):
+    for title, rows in (("Best", result.best), ("Worst", result.worst)):
         if rows:
             lines += [f"### {title}", "", "| prompt | response | answer | reward |", "|---|---|---|---|"]
             lines += [f"| {_md(r['prompt'])} | {_md(r['response'])} | {_md(r.get('answer', ''), 40)} | "
                       f"{r['reward']:.3f} |" for r in rows]
             lines.append("")
-    episodes = [r for r in result.get("best", [])[:2] + result.get("worst", [])[:1] if r.get("turns")]
+    episodes = [r for r in result.best[:2] + result.worst[:1] if r.get("turns")]
     if episodes:  # multi-turn: a few episodes turn by turn
         lines += ["### Episodes", ""]
         for r in episodes:
@@ -116,12 +118,12 @@ class RunConsole:
             description=f"{self.run_name}: one row per iteration (all columns in metrics.parquet)")
         self._published_at, self._unpublished = self._clock(), 0
 
-    def evaluation(self, iteration: int, result: dict[str, Any]) -> None:
+    def evaluation(self, iteration: int, result: EvalResult) -> None:
         self.publish()
-        self.evals.append(result["accuracy"])
+        self.evals.append(result.accuracy)
         create_markdown_artifact(markdown=eval_markdown(self.run_name, iteration, result, self.evals),
                                  key=f"{self.key}-eval",
-                                 description=f"{self.run_name}: accuracy {result['accuracy']:.3f} at iteration "
+                                 description=f"{self.run_name}: accuracy {result.accuracy:.3f} at iteration "
                                              f"{iteration}")
 
     def summary(self, lines: list[str], final_folder: str, latest_checkpoint: str | None) -> None:

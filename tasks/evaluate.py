@@ -3,7 +3,6 @@ the set's reward type -> ``eval-<name>.parquet`` per set, and the ``eval/<name>/
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pyarrow as pa
 from prefect import task
@@ -11,13 +10,14 @@ from prefect.cache_policies import NONE
 
 from grpo_core.pipeline.evaluation import GREEDY, SAMPLED, score_responses, set_metrics
 from tasks.context import RunContext
+from tasks.results import EvalResult
 
 
 @task(name="evaluate", task_run_name="evaluate-{iteration:06d}", cache_policy=NONE)
-def evaluate(ctx: RunContext, iteration: int) -> dict[str, Any]:
+def evaluate(ctx: RunContext, iteration: int) -> EvalResult:
     """``accuracy`` is the first set's (the run's ``eval_accuracy``); ``metrics`` holds every set's."""
     metrics: dict[str, float] = {}
-    first: dict[str, Any] | None = None
+    first: dict | None = None
     seconds, version = 0.0, None
     for eval_set in ctx.eval_sets:
         spec, scorer = eval_set.spec, ctx.eval_scorers.for_type(eval_set.spec.reward_type)
@@ -37,8 +37,8 @@ def evaluate(ctx: RunContext, iteration: int) -> dict[str, Any]:
             best, worst = _examples(shown, eval_set.questions)
             rewards = [r for r in shown.column("reward").to_pylist() if r is not None]
             first = {"accuracy": accuracy, "set": eval_set.name, "greedy": spec.greedy, "best": best, "worst": worst,
-                     "rows": scored.num_rows, "reward_mean": sum(rewards) / len(rewards) if rewards else float("nan")}
-    return {**first, "metrics": metrics, "seconds": seconds, "policy_version": version}
+                     "rows": scored.num_rows, "reward_mean": sum(rewards) / len(rewards) if rewards else None}
+    return EvalResult(**first, metrics=metrics, seconds=seconds, policy_version=version)
 
 
 def _examples(scored, questions: dict[int, str], count: int = 3) -> tuple[list[dict], list[dict]]:

@@ -3,24 +3,23 @@ folder's inbox/ (see grpo_core.pipeline.inbox) into ``iter-N/inbox.parquet``; th
 fewer prompts itself. A resumed run reuses the iteration's inbox.parquet, so it trains on the same rows."""
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
 from prefect.cache_policies import NONE
 
 from grpo_core.pipeline import inbox
 from tasks.context import RunContext
+from tasks.results import InboxResult
 
 INBOX_FILE = "inbox.parquet"
 
 
 @task(name="take-inbox", task_run_name="take-inbox-{iteration:06d}", cache_policy=NONE)
-def take_inbox(ctx: RunContext, iteration: int) -> dict[str, Any]:
+def take_inbox(ctx: RunContext, iteration: int) -> InboxResult:
     cfg, store = ctx.cfg, ctx.store
     done = store.entry(iteration, INBOX_FILE)
     if done is not None:
         inbox.consume(store, done.meta["items"])  # a crash may have come between the commit and the deletes
-        return {"reused": True, **done.meta}
+        return InboxResult.from_meta(True, done.meta)
     taken_before = set()  # ... and a resume may start after that iteration: never take an item twice
     for earlier in cfg.window.inbox_lookback(iteration):
         entry = store.entry(earlier, INBOX_FILE)
@@ -33,14 +32,14 @@ def take_inbox(ctx: RunContext, iteration: int) -> dict[str, Any]:
         print(f"inbox: refused {error['file']} (row {error['row']}, field {error['field']}): {error['error']}; "
               f"kept in {store.url(inbox.REJECTED)}")
     if taken.table is None:
-        return {"reused": False, "groups": 0, "rows": 0, "items": [], "rejected": len(taken.rejected)}
+        return InboxResult(rejected=len(taken.rejected))
     versions = taken.table.column("policy_version").to_pylist()
-    meta = {"groups": taken.groups, "rows": taken.table.num_rows, "items": taken.items,
-            "rejected": len(taken.rejected), "version_min": min(versions), "version_sum": sum(versions)}
-    store.put_table(iteration, INBOX_FILE, taken.table, meta=meta)
+    result = InboxResult(groups=taken.groups, rows=taken.table.num_rows, items=tuple(taken.items),
+                         rejected=len(taken.rejected), version_min=min(versions), version_sum=sum(versions))
+    store.put_table(iteration, INBOX_FILE, taken.table, meta=result.meta())
     inbox.consume(store, taken.items)  # after the iteration's copy is committed
     print(f"inbox: iteration {iteration} takes {taken.groups} group(s) from {', '.join(taken.items)}")
-    return {"reused": False, **meta}
+    return result
 
 
 def inbox_groups(ctx: RunContext, iteration: int) -> int:

@@ -44,6 +44,45 @@ class RolloutResult:
         return {k: v for k, v in asdict(self).items() if k not in ("name", "rows", "reused")}
 
 
+@dataclass(frozen=True)
+class InboxResult:
+    """What an iteration took from the inbox (``take_inbox``): nothing, unless groups > 0."""
+    reused: bool = False  # the iteration's inbox.parquet was there already (a resume)
+    groups: int = 0
+    rows: int = 0
+    items: tuple[str, ...] = ()  # the inbox files taken
+    rejected: int = 0            # files refused this time (kept in inbox/rejected)
+    version_min: int | None = None
+    version_sum: int = 0         # of the rows' policy versions (for the staleness metrics)
+
+    @classmethod
+    def from_meta(cls, reused: bool, meta: dict[str, Any]) -> "InboxResult":
+        """From the metadata of inbox.parquet's manifest entry (``meta()``)."""
+        return cls(reused=reused, groups=meta["groups"], rows=meta["rows"], items=tuple(meta["items"]),
+                   rejected=meta.get("rejected", 0), version_min=meta.get("version_min"),
+                   version_sum=meta.get("version_sum", 0))
+
+    def meta(self) -> dict[str, Any]:
+        return {"groups": self.groups, "rows": self.rows, "items": list(self.items), "rejected": self.rejected,
+                "version_min": self.version_min, "version_sum": self.version_sum}
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One evaluation (``evaluate``): the first eval set's figures (the run's ``eval_accuracy``), every set's
+    ``eval/<name>/...`` metrics, and the first set's best and worst completions for the Prefect artifact."""
+    accuracy: float
+    set: str
+    greedy: bool
+    rows: int
+    reward_mean: float | None  # None when no response could be scored
+    policy_version: int | None
+    seconds: float
+    metrics: dict[str, float]
+    best: list[dict[str, Any]] = field(default_factory=list)
+    worst: list[dict[str, Any]] = field(default_factory=list)
+
+
 EPISODE_METRICS = ("turns_mean", "tool_calls_mean", "tool_call_frac", "tool_errors", "episode_truncated_frac",
                    "env_errors")
 
@@ -125,19 +164,20 @@ class IterationTimes:
     sync_ended_at: float
 
 
-def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, evaluation: dict[str, Any] | None,
-                  rollouts: list[RolloutResult], scored: ScoreResult, inbox: dict[str, Any], staleness: tuple[float,
-                  float], train: TrainResult, sync: SyncResult, times: IterationTimes) -> dict[str, Any]:
+def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, evaluation: EvalResult | None,
+                  rollouts: list[RolloutResult], scored: ScoreResult, inbox: InboxResult,
+                  staleness: tuple[float, float], train: TrainResult, sync: SyncResult,
+                  times: IterationTimes) -> dict[str, Any]:
     """The metrics.parquet row of one iteration (the checkpoint columns are added when one is taken)."""
     first = rollouts[0]
     row: dict[str, Any] = {
         "iteration": iteration, "run_attempt": attempt, "samplers": samplers, "resynced": resynced,
-        "eval_accuracy": evaluation["accuracy"] if evaluation else None,
-        **(evaluation["metrics"] if evaluation else {}),
+        "eval_accuracy": evaluation.accuracy if evaluation else None,
+        **(evaluation.metrics if evaluation else {}),
         **({"time_eval_s": times.eval_s} if times.eval_s is not None else {}),
         "policy_version": first.policy_version,
         "staleness_mean": staleness[0], "staleness_max": staleness[1],
-        "inbox_groups": inbox["groups"], "inbox_rejected": inbox.get("rejected", 0),
+        "inbox_groups": inbox.groups, "inbox_rejected": inbox.rejected,
         "reward_mean": scored.reward_mean, "accuracy_mean": scored.metric("reward_accuracy_mean"),
         **scored.component_means(),
         "distinct_frac": scored.metric("distinct_frac"),

@@ -3,6 +3,7 @@ behind: an evaluation, the last iteration or an explicit publish sends what is p
 import json
 
 from tasks.console import RunConsole
+from tasks.results import EvalResult
 
 
 class Clock:
@@ -35,7 +36,8 @@ def test_the_table_is_throttled_but_an_evaluation_and_the_last_iteration_publish
         clock.now = float(i)
         console.iteration_done(_row(i))
     assert _tables("console-throttle-metrics") == [[0], [0, 1, 2, 3]]
-    console.evaluation(5, {"accuracy": 0.5, "greedy": True, "rows": 4, "policy_version": 5, "reward_mean": 0.5})
+    console.evaluation(5, EvalResult(accuracy=0.5, set="default", greedy=True, rows=4, reward_mean=0.5,
+                                     policy_version=5, seconds=0.1, metrics={}))
     assert _tables("console-throttle-metrics")[-1] == [0, 1, 2, 3, 4]
     clock.now = 5.0
     console.iteration_done(_row(5))  # the last: published whatever the interval
@@ -59,8 +61,8 @@ def test_the_eval_artifact_shows_episodes_turn_by_turn():
                    '{"role": "assistant", "text": "\\\\boxed{144}", "tool_calls": []}]')
     best = [{"prompt": "What is 12 * 12?", "response": "\\boxed{144}", "answer": "144", "reward": 1.0,
              "turns": turns}]
-    md = eval_markdown("run", 5, {"accuracy": 1.0, "greedy": True, "rows": 1, "policy_version": 5,
-                                  "reward_mean": 1.0, "best": best, "worst": []}, [0.0, 1.0])
+    md = eval_markdown("run", 5, EvalResult(accuracy=1.0, set="default", greedy=True, rows=1, reward_mean=1.0,
+                                            policy_version=5, seconds=0.1, metrics={}, best=best), [0.0, 1.0])
     episodes = md.split("### Episodes", 1)[1]
     assert "- `assistant`: <calculator>12 * 12</calculator>" in episodes
     assert "- `tool`: 144" in episodes and "- `assistant`: \\boxed{144}" in episodes
