@@ -101,10 +101,17 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: d
                   f"{store.uri}/skipped_rows.json; first: {rows[0]}")
     engines = Engines(cfg)
     r = cfg.reward
-    reward_models = RewardModels(cfg) if r.models else None  # after Engines: Ray is up
-    scorer = Scorer(reward_type=r.type, rewards=r.rewards, weights=r.weights, num_workers=r.num_workers,
-                    timeout_s=r.timeout_s, options=r.options, dedupe=r.dedupe,
-                    models=reward_models.clients() if reward_models else None)
+    reward_models = None
+    try:
+        reward_models = RewardModels(cfg) if r.models else None  # after Engines: Ray is up
+        scorer = Scorer(reward_type=r.type, rewards=r.rewards, weights=r.weights, num_workers=r.num_workers,
+                        timeout_s=r.timeout_s, options=r.options, dedupe=r.dedupe,
+                        models=reward_models.clients() if reward_models else None)
+    except BaseException:  # no context holds them yet: stop what started
+        if reward_models is not None:
+            reward_models.close()
+        engines.close()
+        raise
     return RunContext(cfg=cfg, store=store, engines=engines, scorer=scorer, train_prompts=stream, status=status,
                       eval_sets=eval_sets, eval_scorers=EvalScorers(cfg, eval_sets, scorer) if eval_sets else None,
                       reward_models=reward_models)
