@@ -27,6 +27,7 @@ import torch
 
 from grpo_core.model.tiny import read_questions, response_text
 from grpo_core.rewards.models.base import RewardInput
+from grpo_core.rewards.models.classifier import scalar_scores
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,6 @@ def render(tokenizer, user: str, answer: int | str) -> list[int]:
     ``ClassifierReward`` renders."""
     chat = RewardInput((("user", user),), response_text(answer) if isinstance(answer, int) else answer).chat()
     return tokenizer(tokenizer.apply_chat_template(chat, tokenize=False), add_special_tokens=False)["input_ids"]
-
-
-def _scores(model, tokenizer, seqs: list[list[int]]) -> torch.Tensor:
-    width = max(map(len, seqs))
-    pad = tokenizer.pad_token_id
-    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
-    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
-    return model(input_ids=ids, attention_mask=mask).logits[:, 0]
 
 
 def malformed(text: str, rng: random.Random) -> str:
@@ -88,7 +81,7 @@ def pairwise_accuracy(model, tokenizer, questions: list[tuple[str, int]], offset
         even = even_near(answer, rng)
         rejected = [even + o for o in offsets] + [malformed(response_text(even), rng) for _ in range(2)]
         seqs = [render(tokenizer, user, even)] + [render(tokenizer, user, r) for r in rejected]
-        scores = _scores(model, tokenizer, seqs)
+        scores = scalar_scores(model, seqs, tokenizer.pad_token_id)
         right += int((scores[0] > scores[1:]).sum())
         total += len(rejected)
         sided += int(scores[0] > 0) + int((scores[1:] < 0).sum())
@@ -121,7 +114,7 @@ def build_tiny_rm(out_dir: str | Path, *, policy_path: str | Path, train_path: s
         chosen = [render(tokenizer, u, e) for (u, _), e in zip(batch, evens)]
         rejected = [render(tokenizer, u, malformed(response_text(e), rng) if rng.random() < spec.malformed_frac
                            else e + rng.choice(spec.odd_offsets)) for (u, _), e in zip(batch, evens)]
-        scores = _scores(model, tokenizer, chosen + rejected)
+        scores = scalar_scores(model, chosen + rejected, tokenizer.pad_token_id)
         good, bad = scores[:len(batch)], scores[len(batch):]
         loss = -torch.nn.functional.logsigmoid(good - bad).mean() + spec.center_coeff * (good + bad).pow(2).mean()
         opt.zero_grad(set_to_none=True)

@@ -7,6 +7,15 @@ import torch
 from grpo_core.rewards.models.base import ModelReward, ModelVerdict, RewardInput
 
 
+def scalar_scores(model, seqs: list[list[int]], pad_id: int) -> torch.Tensor:
+    """[B] head outputs of a sequence classifier on token sequences, right-padded into one batch (the head reads
+    each row's last non-pad token). Gradients flow when the caller allows them (the reward model's training)."""
+    width = max(map(len, seqs))
+    ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs])
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+    return model(input_ids=ids, attention_mask=mask).logits[:, 0]
+
+
 class ClassifierReward(ModelReward):
     """Batches of `batch_size` rows, right-padded; transformers' sequence-classification heads read the last
     non-pad token. A row longer than `max_length` tokens is recorded as unscored (a cut text is another text)."""
@@ -50,11 +59,7 @@ class ClassifierReward(ModelReward):
 
     @torch.no_grad()
     def _forward(self, batch: list[list[int]]) -> list[float]:
-        width = max(map(len, batch))
-        pad = self.tokenizer.pad_token_id
-        ids = torch.tensor([seq + [pad] * (width - len(seq)) for seq in batch])
-        mask = torch.tensor([[1] * len(seq) + [0] * (width - len(seq)) for seq in batch])
-        scores = self.model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
+        scores = scalar_scores(self.model, batch, self.tokenizer.pad_token_id).float()
         if self.normalize == "sigmoid":
             scores = torch.sigmoid(scores)
         return scores.tolist()
