@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from prefect import flow
@@ -45,7 +46,7 @@ from tasks.results import EvalResult, InboxResult, IterationTimes, RolloutResult
 from tasks.rollout import rollout
 from tasks.run_log import run_logging
 from tasks.run_state import latest_checkpoint, prepare_run, record, resolve_inputs, scale_samplers, write_status
-from tasks.score import assemble, score
+from tasks.score import assemble, group_outcomes, score
 from tasks.sync import ensure_synced, sync
 from tasks.train import train
 
@@ -88,8 +89,11 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: d
     train_parts = read_prompt_files(files["train"], **read)
     train_set = merged(train_parts)
     rounds = 1 + (cfg.algo.max_resample_times if cfg.algo.filter_groups else 0)
+    pool = dict(pool_skips=(d.pool_easy_skips, d.pool_hard_skips),
+                outcomes=partial(group_outcomes, store, cfg.algo.filter_groups)) \
+        if d.sampler == "difficulty_pool" else {}
     stream = PromptStream(train_set, encoder, batch_size=cfg.rollout.prompts_per_iteration, seed=cfg.seed,
-                          shuffle=d.shuffle, rounds_per_iteration=rounds)
+                          shuffle=d.shuffle, rounds_per_iteration=rounds, **pool)
     sets = [(part.source, part.skipped) for part in train_parts]
     eval_sets = load_eval_sets(cfg, tokenizer, cfg.storage.options or None, files) if cfg.eval.interval > 0 else []
     sets += [(s.source, s.skipped) for s in eval_sets]

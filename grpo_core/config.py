@@ -199,6 +199,9 @@ class GRPOConfig(_Section):
             raise ValueError(
                 f"algo.soft_overlong_cache_length={self.algo.soft_overlong_cache_length} must be smaller than "
                 f"rollout.max_new_tokens={self.rollout.max_new_tokens}")
+        if self.data.sampler == "difficulty_pool" and "accuracy" not in self.reward.rewards:
+            raise ValueError("data.sampler=difficulty_pool judges prompts by their groups' accuracy: "
+                             "reward.rewards must include 'accuracy' (at weight 0 to only record it)")
         if self.algo.filter_groups and "accuracy" not in self.reward.rewards:
             raise ValueError("algo.filter_groups (dynamic sampling) filters groups on their accuracy: "
                              "reward.rewards must include 'accuracy'")
@@ -212,8 +215,12 @@ class GRPOConfig(_Section):
         if self.data.eval_path and self.eval.datasets:
             raise ValueError(f"data.eval_path ({self.data.eval_path}) and eval.datasets are both set: list the "
                              f"file as one of eval.datasets (e.g. {DEFAULT_EVAL_SET}: {{path: ...}}) instead")
-        if self.rollout.max_staleness > 0 and "tis_cap" not in self.algo.model_fields_set:
-            self.algo.tis_cap = DEFAULT_ASYNC_TIS_CAP  # stale samplers: correct toward the learner by default
+        a = self.algo
+        if a.offpolicy is None:  # a cap alone asks for TIS; stale samplers get the default correction
+            a.offpolicy = "tis" if a.tis_cap is not None else \
+                DEFAULT_ASYNC_OFFPOLICY if self.rollout.max_staleness > 0 else "none"
+        if a.offpolicy in CAPPED_OFFPOLICY and a.tis_cap is None:
+            a.tis_cap = DEFAULT_TIS_CAP
         return self
 
     def _check_lora(self) -> None:
@@ -271,8 +278,14 @@ RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "logging", "cluster
                       "reward.dedupe", "weights.check_samples", "weights.check_every", "weights.check_tolerance")
 
 
-# Yao et al.'s truncation of pi_old / pi_sampler, on by default in async RL (rollout.max_staleness > 0).
-DEFAULT_ASYNC_TIS_CAP = 2.0
+# The cap of pi_old / pi_sampler in TIS (Yao et al.), sequence TIS and AReaL's decoupled objective.
+DEFAULT_TIS_CAP = 2.0
+# The correction of async RL (rollout.max_staleness > 0) unless one is chosen: the best of the kinds on the built-in
+# task in async mode (README, "Off-policy corrections"): DeepSeek-V3.2's negative-advantage mask learnt as fast as
+# the synchronous run at lr 1e-3 and kept learning at 2e-3, where TIS and sequence MIS collapsed.
+DEFAULT_ASYNC_OFFPOLICY = "neg_adv_mask"
+# The off-policy kinds that read algo.tis_cap (grpo_core.algo.offpolicy.CAPPED_KINDS; not imported: torch)
+CAPPED_OFFPOLICY = ("tis", "seq_tis", "decoupled")
 
 
 class ConfigError(ValueError):
@@ -433,6 +446,10 @@ def upgrade_stored_config(stored: dict[str, Any]) -> dict[str, Any]:
     """A run's config.json as the current schema reads it: fields added since it was written take their defaults
     (so a newer version of the code resumes an older run instead of calling each new field a change). A stored
     config the current schema refuses is returned as it is, and the comparison names what differs."""
+    algo = stored.get("algo")
+    if isinstance(algo, dict) and "offpolicy_band" not in algo and algo.get("tis_cap") is None:
+        # before the off-policy kinds, algo.offpolicy only chose the mode of a correction that tis_cap turned on
+        stored = {**stored, "algo": {**algo, "offpolicy": "none"}}
     try:
         return build_config(stored, "config.json").model_dump(mode="json")
     except ConfigError:

@@ -96,6 +96,16 @@ class DataConfig(_Section):
                                           "learns the answer format it is rewarded for")
     max_prompt_tokens: int = Field(default=512, ge=8)
     shuffle: bool = True
+    sampler: Literal["epoch", "difficulty_pool"] = Field(
+        default="epoch", description="epoch: each pass over the train set in a fresh seeded order; difficulty_pool: "
+                                     "the same order, passing over prompts whose last group was all right "
+                                     "(pool_easy_skips times) or all wrong (pool_hard_skips times); its state is "
+                                     "in every checkpoint")
+    pool_easy_skips: int = Field(
+        default=1, ge=0, description="difficulty_pool: turns (passes over the data) an all-right prompt is passed "
+                                     "over; 0: never")
+    pool_hard_skips: int = Field(
+        default=1, ge=0, description="difficulty_pool: turns an all-wrong prompt is passed over; 0: never")
     on_bad_row: Literal["error", "skip"] = "error"
 
     @model_validator(mode="after")
@@ -341,12 +351,25 @@ class AlgoConfig(_Section):
     soft_overlong_cache_length: int = Field(
         default=0, ge=0, description="tokens before max_new_tokens where the penalty ramps; 0: max_new_tokens // 5")
     soft_overlong_penalty: float = Field(default=1.0, ge=0.0, description="penalty at and beyond max_new_tokens")
+    offpolicy: Literal["none", "tis", "seq_tis", "icepop", "seq_mis", "geo_mask", "neg_adv_mask", "decoupled"] | None \
+        = Field(default=None,
+                description="correction between sampler and learner (grpo_core.algo.offpolicy_weights): tis (token "
+                            "weights min(rho, tis_cap)), seq_tis (the row's product of ratios, capped), icepop (token "
+                            "rho kept inside offpolicy_band, else masked), seq_mis (the row's product kept inside "
+                            "the band, else the row masked), geo_mask (rows whose geometric-mean ratio leaves the "
+                            "band masked), neg_adv_mask (DeepSeek-V3.2: negative-advantage rows whose mean log "
+                            "pi_sampler/pi_learner exceeds offpolicy_kl_threshold masked), decoupled (AReaL: tokens "
+                            "beyond tis_cap masked), none; null: tis when tis_cap is set, else neg_adv_mask when "
+                            "rollout.max_staleness > 0, else none")
     tis_cap: float | None = Field(
-        default=None, gt=0.0, description="cap of the importance weight pi_old / pi_sampler per token (None: no "
-                                          "correction; 2.0 by default when rollout.max_staleness > 0)")
-    offpolicy: Literal["tis", "decoupled"] = Field(
-        default="tis", description="tis: weights truncated at tis_cap; decoupled (AReaL): tokens whose weight "
-                                   "exceeds tis_cap get no loss, the others keep their full weight")
+        default=None, gt=0.0, description="cap of the importance weight for offpolicy tis, seq_tis and decoupled "
+                                          "(null: 2.0)")
+    offpolicy_band: tuple[float, float] = Field(
+        default=(0.5, 2.0), description="(low, high) ratio band of offpolicy icepop, seq_mis and geo_mask; "
+                                        "0 < low <= 1 <= high")
+    offpolicy_kl_threshold: float = Field(
+        default=0.1, gt=0.0, description="nats per token above which offpolicy neg_adv_mask masks a "
+                                         "negative-advantage row")
 
     @model_validator(mode="after")
     def _ranges(self) -> "AlgoConfig":
@@ -360,6 +383,10 @@ class AlgoConfig(_Section):
                              "'grpo'")
         if self.kl_in_reward and self.kl_coeff == 0.0:
             raise ValueError("algo.kl_in_reward=true needs algo.kl_coeff > 0")
+        low, high = self.offpolicy_band
+        if not 0.0 < low <= 1.0 <= high:
+            raise ValueError(f"algo.offpolicy_band must satisfy 0 < low <= 1 <= high (an on-policy token, ratio 1, "
+                             f"is never masked), got {self.offpolicy_band}")
         return self
 
 

@@ -28,6 +28,7 @@ class PendingCheckpoint:
     policy_version: int
     snapshot_seconds: float
     written: dict[str, Any] | None = None    # the writer's result, kept until the commit succeeded
+    flow_files: dict[str, dict[str, Any]] = field(default_factory=dict)  # written by the flow itself (the pool)
 
 
 @dataclass

@@ -33,6 +33,11 @@ class RolloutResult:
     tool_errors: int | None = None             # calls that failed, timed out or printed too much
     episode_truncated_frac: float | None = None  # cut by max_turns or a token budget before the policy answered
     env_errors: int | None = None              # episodes ended by an environment that raised or hung
+    # data.sampler=difficulty_pool only: the pool when the iteration's prompts were drawn
+    pool_active: int | None = None             # train prompts in the pool
+    pool_easy: int | None = None               # out of it: their last group was all right
+    pool_hard: int | None = None               # out of it: all wrong
+    pool_skipped: int | None = None            # turns passed over to draw this iteration's prompts
 
     @classmethod
     def from_meta(cls, name: str, rows: int, reused: bool, meta: dict[str, Any]) -> "RolloutResult":
@@ -85,6 +90,7 @@ class EvalResult:
 
 EPISODE_METRICS = ("turns_mean", "tool_calls_mean", "tool_call_frac", "tool_errors", "episode_truncated_frac",
                    "env_errors")
+POOL_METRICS = ("pool_active", "pool_easy", "pool_hard", "pool_skipped")
 
 
 @dataclass(frozen=True)
@@ -116,7 +122,8 @@ class ScoreResult:
 
 # Learner metrics that only some algorithms produce; the row has a column for each (None where absent).
 ALGORITHM_METRICS = ("clipfrac", "clipfrac_low", "clipfrac_high", "approx_kl", "kl_ref", "entropy",
-                     "mismatch_abs_logp_mean", "mismatch_abs_logp_max", "tis_weight_mean", "tis_capped_frac")
+                     "mismatch_abs_logp_mean", "mismatch_abs_logp_max", "offpolicy_weight_mean",
+                     "offpolicy_masked_frac", "offpolicy_capped_frac")
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,8 @@ def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, e
         **{name: train.metrics.get(name) for name in ALGORITHM_METRICS},
         "response_length_mean": first.response_length_mean, "truncated_frac": first.truncated_frac,
         **({name: getattr(first, name) for name in EPISODE_METRICS} if first.turns_mean is not None else {}),
+        **({name: getattr(first, name) for name in POOL_METRICS} if first.pool_active is not None else {}),
+        "rollout_tokens": sum(r.tokens for r in rollouts),
         "kept_frac": scored.metric("kept_frac"), "rollout_rounds": len(rollouts),
         "samplers_lost": sum(r.samplers_lost for r in rollouts),
         "filtered_group_frac": scored.metric("filtered_group_frac"),

@@ -63,6 +63,6 @@ def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> RolloutResult:
         tokens=int(sum(lengths)), response_length_mean=sum(lengths) / len(lengths),
         response_length_max=max(lengths), truncated_frac=sum(table.column("truncated").to_pylist()) / len(lengths),
         samplers_used=meta["samplers_used"], samplers_lost=meta["samplers_lost"], samplers_live=meta["samplers_live"],
-        **episode_stats(table))
+        **episode_stats(table), **(ctx.train_prompts.pool.metrics(iteration) if ctx.train_prompts.pool else {}))
     ctx.store.put_table(iteration, name, table, meta=result.meta())
     return result

@@ -15,7 +15,9 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from grpo_core.algo import group_filter
+from grpo_core.pipeline.difficulty_pool import GroupOutcome
 from grpo_core.pipeline.scoring import add_advantages, group_success, score_table, with_rewards
+from grpo_core.storage import RunStore
 from tasks.context import RunContext
 from tasks.inbox import INBOX_FILE
 from tasks.results import ScoreResult
@@ -88,3 +90,22 @@ def assemble_groups(tables: list[pa.Table], group_size: int, target_groups: int,
 def _mask_out(group: pa.Table) -> pa.Table:
     idx = group.column_names.index("kept")
     return group.set_column(idx, "kept", pa.array([False] * group.num_rows, pa.bool_()))
+
+
+def group_outcomes(store: RunStore, dynamic_sampling: bool, iteration: int) -> list[GroupOutcome]:
+    """Every group an iteration sampled (each dynamic-sampling round's) with its share of right answers: what the
+    difficulty pool learns from. Read from the scored files, so a resume sees what the first attempt saw."""
+    names = ["scored.parquet"]
+    if dynamic_sampling:
+        names = ["scored-r0.parquet"]
+        while store.entry(iteration, f"scored-r{len(names)}.parquet") is not None:
+            names.append(f"scored-r{len(names)}.parquet")
+    out = []
+    for name in names:
+        table = store.get_table(iteration, name).select(["group_id", "prompt_id", "reward_accuracy"])
+        right: dict[tuple[int, int], list[float]] = {}
+        for g, p, a in zip(*(table.column(c).to_pylist() for c in table.column_names)):
+            if g is not None and p is not None:
+                right.setdefault((int(g), int(p)), []).append(0.0 if a is None else float(a))
+        out += [GroupOutcome(g, p, sum(acc) / len(acc)) for (g, p), acc in right.items()]
+    return out

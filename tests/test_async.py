@@ -24,8 +24,8 @@ SHAPE = dict(iterations=ITERATIONS, rollout__prompts_per_iteration=4, rollout__s
              rollout__max_staleness=1, train__mini_batch_size=8, train__micro_batch_size=8, train__lr=1e-3,
              eval__interval=3, eval__max_prompts=8, checkpoint__interval=2, checkpoint__keep_last=2,
              cluster__placement="split", cluster__sampler_resources={"num_cpus": 0.5})
-LEARNING = ("iteration", "policy_version", "staleness_max", "reward_mean", "loss", "grad_norm", "tis_weight_mean",
-            "eval_accuracy")
+LEARNING = ("iteration", "policy_version", "staleness_max", "reward_mean", "loss", "grad_norm",
+            "offpolicy_weight_mean", "eval_accuracy")
 
 
 def _config(tiny_model: str, root: Path, run_name: str) -> dict:
@@ -54,7 +54,7 @@ def test_rollout_overlaps_training_and_staleness_is_bounded(reference):
     assert all(overlapped), [(r["rollout_started_at"], r["train_started_at"], r["train_ended_at"]) for r in rows]
     for r in rows:
         assert r["sync_logprob_max_diff"] < 1e-4, r
-        assert r["tis_weight_mean"] is not None  # truncated IS is on by default in async mode
+        assert r["offpolicy_weight_mean"] is not None  # a correction is on by default in async mode
     assert (reference / "ref" / "timeline.png").stat().st_size > 10_000
 
 

@@ -103,17 +103,44 @@ def test_tensor_parallel_needs_gpus_and_auto_transport_follows_placement():
     assert build_config(_tree()).transport == "inprocess"
 
 
-def test_async_needs_split_turns_tis_on_and_shifts_the_sampling_version():
+def test_async_needs_split_turns_a_correction_on_and_shifts_the_sampling_version():
     tree = dict(rollout={"prompts_per_iteration": 4, "samples_per_prompt": 8, "max_staleness": 2})
     with pytest.raises(ConfigError, match=r"rollout.max_staleness=2 .*cluster.placement=split"):
         build_config(_tree(**tree))
     cfg = build_config(_tree(**tree, cluster={"placement": "split"}, train={"mini_batch_size": 16}))
-    assert cfg.algo.tis_cap == 2.0 and cfg.optimizer_steps_per_iteration == 2
+    assert cfg.algo.tis_cap is None and cfg.optimizer_steps_per_iteration == 2
     assert [cfg.sampling_version(i) for i in range(5)] == [0, 0, 0, 2, 4]
-    off = build_config(_tree(**tree, cluster={"placement": "split"}, algo={"tis_cap": None}))
-    assert off.algo.tis_cap is None  # an explicit null keeps the correction off
-    assert build_config(_tree()).algo.tis_cap is None
+    assert cfg.algo.offpolicy == "neg_adv_mask"  # async RL's default correction (README: the comparison)
+    tis = build_config(_tree(**tree, cluster={"placement": "split"}, algo={"tis_cap": 1.5}))
+    assert tis.algo.offpolicy == "tis" and tis.algo.tis_cap == 1.5
+    off = build_config(_tree(**tree, cluster={"placement": "split"}, algo={"offpolicy": "none"}))
+    assert off.algo.offpolicy == "none" and off.algo.tis_cap is None  # an explicit none keeps the correction off
+    assert build_config(_tree()).algo.offpolicy == "none" and build_config(_tree()).algo.tis_cap is None
     assert build_config(_tree()).sampling_version(3) == build_config(_tree()).policy_version_before(3)
+
+
+def test_offpolicy_kind_resolves_its_cap_and_checks_its_band():
+    assert build_config(_tree(algo={"tis_cap": 1.5})).algo.offpolicy == "tis"  # a cap alone turns TIS on
+    seq = build_config(_tree(algo={"offpolicy": "seq_tis"})).algo
+    assert seq.offpolicy == "seq_tis" and seq.tis_cap == 2.0
+    ice = build_config(_tree(algo={"offpolicy": "icepop", "offpolicy_band": [0.8, 1.25]})).algo
+    assert ice.tis_cap is None and ice.offpolicy_band == (0.8, 1.25)
+    with pytest.raises(ConfigError, match=r"algo.offpolicy_band must satisfy 0 < low <= 1 <= high"):
+        build_config(_tree(algo={"offpolicy": "icepop", "offpolicy_band": [1.1, 2.0]}))
+    with pytest.raises(ConfigError, match="algo.offpolicy"):
+        build_config(_tree(algo={"offpolicy": "sequence"}))
+    with pytest.raises(ConfigError, match="algo.offpolicy_kl_threshold"):
+        build_config(_tree(algo={"offpolicy": "neg_adv_mask", "offpolicy_kl_threshold": 0.0}))
+
+
+def test_a_run_stored_before_the_offpolicy_kinds_keeps_its_correction_off():
+    """Then ``offpolicy: tis`` with ``tis_cap: null`` meant no correction; read back it is ``none``."""
+    from grpo_core.config import upgrade_stored_config
+
+    stored = build_config(_tree()).model_dump(mode="json")
+    del stored["algo"]["offpolicy_band"], stored["algo"]["offpolicy_kl_threshold"]
+    stored["algo"]["offpolicy"] = "tis"
+    assert upgrade_stored_config(stored) == build_config(_tree()).model_dump(mode="json")
 
 
 def test_colocated_samplers_follow_learners_unless_given():

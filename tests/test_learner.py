@@ -19,10 +19,10 @@ def _batch(n=8, seed=0):
     return pack_batch(prompts, responses, None, adv, [True] * n, pad_id=0)
 
 
-def _learner(model, micro, accum, pack=True, dtype="float32", **train):
+def _learner(model, micro, accum, pack=True, dtype="float32", algo=None, **train):
     cfg = build_config({"model": {"path": model}, "data": {"train_path": "t"},
                         "rollout": {"prompts_per_iteration": 2, "samples_per_prompt": 4},
-                        "algo": {"loss_agg_mode": "token_mean"},
+                        "algo": {"loss_agg_mode": "token_mean", **(algo or {})},
                         "train": {"lr": 1e-2, "micro_batch_size": micro, **train}})
     return Learner(LearnerSpec(model_path=model, total_steps=10, pack_prompts=pack, dtype=dtype), cfg.algo,
                    cfg.train, micro_batch_size=micro, grad_accum_steps=accum)
@@ -115,6 +115,46 @@ def test_the_step_reports_how_far_the_sampler_logprobs_are_from_the_learners(tin
     assert metrics["mismatch_abs_logp_max"] == pytest.approx(0.3, abs=1e-4)
     assert 0.0 < metrics["mismatch_abs_logp_mean"] < 0.3 / 10
     assert "mismatch_abs_logp_max" not in learner.train_step(plain)  # packed without sampler logprobs: no metric
+
+
+def _with_sampler_logprobs(learner, plain, shift: dict[int, float], advantages=None):
+    """``plain`` packed again with the learner's own logprobs as the sampler's, row i's first token moved by
+    shift[i] nats (and the given advantages)."""
+    rows = plain.response_mask.bool()
+    own = learner.logprobs(plain, pack=True)
+    prompts = [plain.input_ids[i, : int(plain.attention_mask[i].sum())].tolist() for i in range(len(plain))]
+    starts = [int(rows[i].nonzero()[0]) + 1 for i in range(len(plain))]  # first response token's position
+    sampled = [own[i][rows[i]].tolist() for i in range(len(plain))]
+    for i, d in shift.items():
+        sampled[i][0] += d
+    adv = plain.advantages.tolist() if advantages is None else advantages
+    return pack_batch([p[:s] for p, s in zip(prompts, starts)], [p[s:] for p, s in zip(prompts, starts)], sampled,
+                      adv, plain.row_mask.bool().tolist(), pad_id=0)
+
+
+def test_a_sequence_masked_by_the_offpolicy_correction_takes_no_part_in_the_step(tiny_model):
+    """seq_mis in the learner: a row whose sampler logprob is 2 nats below the learner's (sequence ratio e^2,
+    outside [0.5, 2]) gets no loss; the step equals the uncorrected step with that row's advantage set to 0 (its
+    tokens still count in the token-mean denominator), and the masked share is that row's tokens."""
+    plain = _group_batch(groups=2, samples=4)
+    corrected = _learner(tiny_model, micro=4, accum=2, algo={"offpolicy": "seq_mis"})
+    shifted = _with_sampler_logprobs(corrected, plain, {6: -2.0})
+    m1 = corrected.train_step(shifted)
+    reference = _learner(tiny_model, micro=4, accum=2, algo={"offpolicy": "none"})
+    zeroed = plain.advantages.tolist()
+    zeroed[6] = 0.0
+    m2 = reference.train_step(_with_sampler_logprobs(reference, plain, {}, advantages=zeroed))
+    mask = plain.loss_mask
+    # the two micro-batches' token shares, averaged: row 6 is in the second
+    expected = (0.0 + float(mask[6].sum() / mask[4:].sum())) / 2
+    assert m1["offpolicy_masked_frac"] == pytest.approx(expected, rel=1e-6)
+    assert "offpolicy_masked_frac" not in m2
+    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
+    a, b = _weights(corrected), _weights(reference)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 5e-4
+    unmasked = _learner(tiny_model, micro=4, accum=2, algo={"offpolicy": "none"})
+    m3 = unmasked.train_step(_with_sampler_logprobs(unmasked, plain, {6: -2.0}))
+    assert abs(m3["loss"] - m1["loss"]) > 1e-4  # row 6's loss does count without the correction
 
 
 def test_epochs_and_mini_batches_make_that_many_optimizer_steps(tiny_model):

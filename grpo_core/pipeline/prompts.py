@@ -2,16 +2,18 @@
 
 The order is a pure function of (seed, iteration, round): epoch-wise permutations of the train split, consumed
 ``prompts_per_iteration`` at a time. A resumed run therefore draws exactly the prompts an uninterrupted run would,
-with no cursor to save.
+with no cursor to save. With ``data.sampler: difficulty_pool`` the same order is walked by a ``DifficultyPool``
+that passes over prompts recently all right or all wrong; its state (a cursor) is in every checkpoint.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from grpo_core.data.prompts import chat_messages
 from grpo_core.data.readers import DataError, PromptSet
+from grpo_core.pipeline.difficulty_pool import DifficultyPool, GroupOutcome
 
 # Columns that travel with each rollout row besides the tokens: all but the id (a fixed column). The prompt is carried
 # as tokens, as the rendered text (``prompt_text``) and as the dataset's own ``messages`` (what model rewards score,
@@ -43,8 +45,12 @@ class PromptTokenizer:
 
 
 class PromptStream:
+    """The train prompts each iteration samples. ``pool_skips`` (easy, hard) turns the difficulty pool on; it reads
+    an iteration's results through ``outcomes``."""
+
     def __init__(self, prompts: PromptSet, encoder: PromptTokenizer, *, batch_size: int, seed: int,
-                 shuffle: bool = True, rounds_per_iteration: int = 1):
+                 shuffle: bool = True, rounds_per_iteration: int = 1, pool_skips: tuple[int, int] | None = None,
+                 outcomes: Callable[[int], list[GroupOutcome]] | None = None):
         if not prompts.rows:
             raise DataError(f"{prompts.source}: no usable prompts")
         self.prompts = prompts
@@ -55,6 +61,12 @@ class PromptStream:
         self.rounds_per_iteration = rounds_per_iteration
         self._encoded: dict[int, dict[str, Any]] = {}
         self._perms: dict[int, np.ndarray] = {}
+        self.pool: DifficultyPool | None = None
+        if pool_skips is not None:
+            if outcomes is None:
+                raise ValueError("the difficulty pool needs the iterations' outcomes")
+            self.pool = DifficultyPool(len(prompts.rows), self._order, batch_size * rounds_per_iteration,
+                                       [int(r["prompt_id"]) for r in prompts.rows], outcomes, *pool_skips)
 
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._perms:
@@ -63,13 +75,18 @@ class PromptStream:
                                   else np.arange(n))
         return self._perms[epoch]
 
-    def batch(self, iteration: int, round_: int = 0) -> list[dict[str, Any]]:
-        """The prompts of (iteration, resampling round), tokenised."""
+    def indices(self, iteration: int, round_: int = 0) -> list[int]:
+        """Positions in the train set of the prompts of (iteration, resampling round)."""
+        if self.pool is not None:
+            return self.pool.selection(iteration)[round_ * self.batch_size: (round_ + 1) * self.batch_size]
         n = len(self.prompts.rows)
         start = (iteration * self.rounds_per_iteration + round_) * self.batch_size
+        return [int(self._order(pos // n)[pos % n]) for pos in range(start, start + self.batch_size)]
+
+    def batch(self, iteration: int, round_: int = 0) -> list[dict[str, Any]]:
+        """The prompts of (iteration, resampling round), tokenised."""
         out = []
-        for pos in range(start, start + self.batch_size):
-            idx = int(self._order(pos // n)[pos % n])
+        for idx in self.indices(iteration, round_):
             if idx not in self._encoded:
                 self._encoded[idx] = self.encoder.encode(self.prompts.rows[idx], self.prompts.source)
             out.append(self._encoded[idx])

@@ -20,8 +20,7 @@ import numpy as np
 import torch
 
 from grpo_core.algo import (
-    aggregate_loss, entropy_from_logits, kl_penalty, loss_denominator, policy_loss, sampler_mismatch,
-    truncated_is_weights,
+    aggregate_loss, entropy_from_logits, kl_penalty, loss_denominator, offpolicy_weights, policy_loss,
 )
 from grpo_core.checkpoint import Snapshot
 from grpo_core.config import AlgoConfig, LoraConfig, TrainConfig, zero_stage_for
@@ -298,12 +297,14 @@ class Learner:
                     mb_old = logp.detach() if old_logp is None else \
                         old_logp[mini_idx][idx][:, :width].to(self.device)
                     is_weights, offpolicy = None, {}
-                    if self.algo.tis_cap is not None:
-                        is_weights, offpolicy = truncated_is_weights(
-                            mb_old, mb.sampler_logprobs[:, :width].to(self.device), mask, cap=self.algo.tis_cap,
-                            mode="truncate" if self.algo.offpolicy == "tis" else "mask")
-                    elif mb.has_sampler_logprobs:  # the sampler/learner agreement on every token, without TIS too
-                        offpolicy = sampler_mismatch(mb_old, mb.sampler_logprobs[:, :width].to(self.device), mask)
+                    # the sampler/learner agreement on every token is measured without a correction too
+                    a = self.algo
+                    kind = a.offpolicy or "none"  # None: an AlgoConfig outside a run config (benchmarks)
+                    if kind != "none" or mb.has_sampler_logprobs:
+                        is_weights, offpolicy = offpolicy_weights(
+                            mb_old, mb.sampler_logprobs[:, :width].to(self.device), mask, kind,
+                            advantages=mb.advantages.to(self.device), cap=a.tis_cap or 0.0, band=a.offpolicy_band,
+                            kl_threshold=a.offpolicy_kl_threshold)
                     if "mismatch_abs_logp_max" in offpolicy:
                         mismatch_max = max(mismatch_max or 0.0, offpolicy.pop("mismatch_abs_logp_max"))
                     record(offpolicy)
