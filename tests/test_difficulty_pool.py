@@ -93,7 +93,9 @@ def test_sigkill_then_resume_with_the_difficulty_pool_is_exact(tiny_model, tmp_p
     resumed: the pool restored from the checkpoint draws the same prompts, and the run ends bit-identical."""
     train = tmp_path / "train.jsonl"
     train.write_text("".join((REPO / "data/arith/train.jsonl").read_text().splitlines(keepends=True)[:10]))
-    run_cli_to_end(_config(tiny_model, tmp_path / "ref", "ref", train), tmp_path, "reference")
+    from flows.grpo_train import grpo_train
+
+    grpo_train(config=_config(tiny_model, tmp_path / "ref", "ref", train))  # the uninterrupted reference
     cfg = _config(tiny_model, tmp_path / "cut", "cut", train)
     store = RunStore(str(tmp_path / "cut"), "cut")
     proc, log = start_cli(cfg, tmp_path, "first")

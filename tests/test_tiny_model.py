@@ -111,7 +111,8 @@ def test_build_is_deterministic(model_dir, tmp_path):
     from safetensors.torch import load_file
 
     folder, _ = model_dir
-    spec = tiny.TinySpec(clean_steps=3, noisy_steps=2)
+    # the build checks run too (their retry rounds and noisy chunks at a few steps each), not at their full length
+    spec = tiny.TinySpec(clean_steps=3, noisy_steps=2, clean_retry_steps=3, noisy_chunk_steps=2)
     tiny.build_tiny(tmp_path / "a", train_path=DATA / "train.jsonl", spec=spec, log=lambda _: None)
     tiny.build_tiny(tmp_path / "b", train_path=DATA / "train.jsonl", spec=spec, log=lambda _: None)
     wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
