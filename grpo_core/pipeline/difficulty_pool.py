@@ -15,7 +15,7 @@ the state of a checkpoint and draws exactly the prompts an uninterrupted run wou
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -38,14 +38,14 @@ class PoolState:
     (turns still to pass over, why)) and the selection itself (the next iteration reads its outcomes by it)."""
     iteration: int = -1
     cursor: int = 0
-    retired: dict[int, tuple[int, str]] | None = None
-    selection: list[int] | None = None
+    retired: dict[int, tuple[int, str]] = field(default_factory=dict)
+    selection: list[int] = field(default_factory=list)
     skipped: int = 0      # positions passed over by the last selection
 
     def to_json(self) -> dict[str, Any]:
         return {"iteration": self.iteration, "cursor": self.cursor,
-                "retired": [[i, back, why] for i, (back, why) in sorted((self.retired or {}).items())],
-                "selection": list(self.selection or []), "skipped": self.skipped}
+                "retired": [[i, turns, why] for i, (turns, why) in sorted(self.retired.items())],
+                "selection": list(self.selection), "skipped": self.skipped}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> "PoolState":
@@ -68,11 +68,11 @@ class DifficultyPool:
         self.prompt_ids, self.outcomes = prompt_ids, outcomes
         self.skips = {EASY: easy_skips, HARD: hard_skips}
         self.keep_states = keep_states
-        self._states: dict[int, PoolState] = {-1: PoolState(retired={}, selection=[])}
+        self._states: dict[int, PoolState] = {-1: PoolState()}
 
     # ------------------------------------------------------------------------------------------ selection
     def selection(self, iteration: int) -> list[int]:
-        return self._state(iteration).selection or []
+        return self._state(iteration).selection
 
     def state(self, iteration: int) -> PoolState:
         """The state after selecting ``iteration`` (replayed from the nearest earlier one if needed)."""
@@ -84,7 +84,7 @@ class DifficultyPool:
 
     def metrics(self, iteration: int) -> dict[str, int]:
         s = self._state(iteration)
-        retired = s.retired or {}
+        retired = s.retired
         easy = sum(why == EASY for _, why in retired.values())
         return {"pool_active": self.size - len(retired), "pool_easy": easy, "pool_hard": len(retired) - easy,
                 "pool_skipped": s.skipped}
@@ -105,9 +105,9 @@ class DifficultyPool:
         return state
 
     def _next(self, prev: PoolState, iteration: int) -> PoolState:
-        retired = dict(prev.retired or {})
+        retired = dict(prev.retired)
         if prev.iteration >= 0:  # what the previous iteration's groups showed
-            chosen = prev.selection or []
+            chosen = prev.selection
             for o in self.outcomes(prev.iteration):
                 if not (0 <= o.group_id < len(chosen)) or self.prompt_ids[chosen[o.group_id]] != o.prompt_id:
                     continue  # not one of our groups (the inbox's)
