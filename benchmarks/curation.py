@@ -22,9 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from grpo_core.algo.offpolicy import KINDS  # noqa: E402
 from grpo_core.storage import RunStore  # noqa: E402
-
-KINDS = ("tis", "seq_tis", "icepop", "seq_mis", "geo_mask", "neg_adv_mask", "decoupled", "none")
 
 
 def variants(study: str, args) -> list[tuple[str, str, list[str]]]:
@@ -91,7 +90,7 @@ def main() -> None:
     p.add_argument("study", choices=("offpolicy", "pool"))
     p.add_argument("--iterations", type=int, default=80)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--kinds", default=",".join([k for k in KINDS if k != "none"] + ["none"]))
     p.add_argument("--config", default="configs/tiny.yaml", help="pool: the config every variant runs")
     p.add_argument("--train-rows", type=int, default=0,
                    help="pool: train on the first N rows of data/arith/train.jsonl (0: the config's train set)")

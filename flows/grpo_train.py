@@ -90,7 +90,7 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: d
     train_set = merged(train_parts)
     rounds = 1 + (cfg.algo.max_resample_times if cfg.algo.filter_groups else 0)
     pool = dict(pool_skips=(d.pool_easy_skips, d.pool_hard_skips),
-                outcomes=partial(group_outcomes, store, cfg.algo.filter_groups)) \
+                outcomes=partial(group_outcomes, store, cfg.algo.filter_groups, cfg.rollout.samples_per_prompt)) \
         if d.sampler == "difficulty_pool" else {}
     stream = PromptStream(train_set, encoder, batch_size=cfg.rollout.prompts_per_iteration, seed=cfg.seed,
                           shuffle=d.shuffle, rounds_per_iteration=rounds, **pool)

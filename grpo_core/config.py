@@ -284,7 +284,7 @@ DEFAULT_TIS_CAP = 2.0
 # task in async mode (README, "Off-policy corrections"): DeepSeek-V3.2's negative-advantage mask learnt as fast as
 # the synchronous run at lr 1e-3 and kept learning at 2e-3, where TIS and sequence MIS collapsed.
 DEFAULT_ASYNC_OFFPOLICY = "neg_adv_mask"
-# The off-policy kinds that read algo.tis_cap (grpo_core.algo.offpolicy.CAPPED_KINDS; not imported: torch)
+# The off-policy kinds that read algo.tis_cap (grpo_core.algo.offpolicy_weights' cap)
 CAPPED_OFFPOLICY = ("tis", "seq_tis", "decoupled")
 
 

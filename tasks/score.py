@@ -92,9 +92,10 @@ def _mask_out(group: pa.Table) -> pa.Table:
     return group.set_column(idx, "kept", pa.array([False] * group.num_rows, pa.bool_()))
 
 
-def group_outcomes(store: RunStore, dynamic_sampling: bool, iteration: int) -> list[GroupOutcome]:
-    """Every group an iteration sampled (each dynamic-sampling round's) with its share of right answers: what the
-    difficulty pool learns from. Read from the scored files, so a resume sees what the first attempt saw."""
+def group_outcomes(store: RunStore, dynamic_sampling: bool, group_size: int, iteration: int) -> list[GroupOutcome]:
+    """Every group an iteration sampled (each dynamic-sampling round's) with its share of right answers (as dynamic
+    sampling judges it, ``group_success``): what the difficulty pool learns from. Read from the scored files, so a
+    resume sees what the first attempt saw."""
     names = ["scored.parquet"]
     if dynamic_sampling:
         names = ["scored-r0.parquet"]
@@ -102,10 +103,13 @@ def group_outcomes(store: RunStore, dynamic_sampling: bool, iteration: int) -> l
             names.append(f"scored-r{len(names)}.parquet")
     out = []
     for name in names:
-        table = store.get_table(iteration, name).select(["group_id", "prompt_id", "reward_accuracy"])
-        right: dict[tuple[int, int], list[float]] = {}
-        for g, p, a in zip(*(table.column(c).to_pylist() for c in table.column_names)):
-            if g is not None and p is not None:
-                right.setdefault((int(g), int(p)), []).append(0.0 if a is None else float(a))
-        out += [GroupOutcome(g, p, sum(acc) / len(acc)) for (g, p), acc in right.items()]
+        table = store.get_table(iteration, name)
+        success = group_success(table, group_size)
+        if success is None:
+            raise ValueError(f"{store.url(f'iter-{iteration:06d}/{name}')} has no reward_accuracy column")
+        firsts = slice(None, None, group_size)  # one row per group: its ids
+        out += [GroupOutcome(g, p, float(s.mean()))
+                for g, p, s in zip(table.column("group_id").to_pylist()[firsts],
+                                   table.column("prompt_id").to_pylist()[firsts], success)
+                if g is not None and p is not None]
     return out

@@ -30,8 +30,6 @@ from grpo_core.algo.masked import check_same_shape, masked_max, masked_mean
 _LOG_LIMIT = 20.0
 
 KINDS = ("none", "tis", "seq_tis", "icepop", "seq_mis", "geo_mask", "neg_adv_mask", "decoupled")
-CAPPED_KINDS = ("tis", "seq_tis", "decoupled")  # the kinds that read ``cap``
-BANDED_KINDS = ("icepop", "seq_mis", "geo_mask")  # the kinds that read ``band``
 
 
 def _log_ratio(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -46,6 +44,11 @@ def _mismatch_metrics(m: Tensor, delta: Tensor, clamped: Tensor, ratio: Tensor) 
     return {"mismatch_abs_logp_mean": float(masked_mean(delta.abs(), m)),
             "mismatch_abs_logp_max": float(masked_max(delta.abs(), m)),
             "mismatch_k3": float(masked_mean(ratio - clamped - 1.0, m))}
+
+
+def _check_cap(cap: float) -> None:
+    if cap <= 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
 
 
 def _check(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> None:
@@ -90,8 +93,7 @@ def truncated_is_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: T
     Returns (weights [B, T], detached, 0 outside the mask; metrics: ``sampler_mismatch``'s, offpolicy_capped_frac
     (tokens whose ratio exceeded the cap), offpolicy_masked_frac (tokens given weight 0: those in "mask" mode),
     offpolicy_weight_mean, offpolicy_weight_max)."""
-    if cap <= 0:
-        raise ValueError(f"cap must be > 0, got {cap}")
+    _check_cap(cap)
     if mode not in ("truncate", "mask"):
         raise ValueError(f"mode must be 'truncate' or 'mask', got {mode!r}")
     _check(old_logprobs, sampler_logprobs, mask)
@@ -142,8 +144,7 @@ def offpolicy_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tens
         mismatch = _mismatch_metrics(m, delta, clamped, raw)
         none = torch.zeros_like(m)
         if kind == "seq_tis":
-            if cap <= 0:
-                raise ValueError(f"cap must be > 0, got {cap}")
+            _check_cap(cap)
             seq = torch.exp(_sequence_log_ratio(delta))[:, None].expand_as(raw)
             return _result(seq.clamp(max=cap), m, none, seq > cap, mismatch)
         if kind == "neg_adv_mask":

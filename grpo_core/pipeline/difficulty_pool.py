@@ -72,24 +72,21 @@ class DifficultyPool:
 
     # ------------------------------------------------------------------------------------------ selection
     def selection(self, iteration: int) -> list[int]:
-        return self._state(iteration).selection
-
-    def state(self, iteration: int) -> PoolState:
-        """The state after selecting ``iteration`` (replayed from the nearest earlier one if needed)."""
-        return self._state(iteration)
+        return self.state(iteration).selection
 
     def restore(self, state: PoolState) -> None:
         """Start from a checkpoint's state: later iterations are replayed from it."""
         self._states = {state.iteration: state}
 
     def metrics(self, iteration: int) -> dict[str, int]:
-        s = self._state(iteration)
+        s = self.state(iteration)
         retired = s.retired
         easy = sum(why == EASY for _, why in retired.values())
         return {"pool_active": self.size - len(retired), "pool_easy": easy, "pool_hard": len(retired) - easy,
                 "pool_skipped": s.skipped}
 
-    def _state(self, iteration: int) -> PoolState:
+    def state(self, iteration: int) -> PoolState:
+        """The state after selecting ``iteration`` (replayed from the nearest earlier one if needed)."""
         if iteration in self._states:
             return self._states[iteration]
         earlier = [i for i in self._states if i < iteration]
