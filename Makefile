@@ -28,8 +28,10 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_LOGGING_LEVEL ?= WARNING
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# Material for MkDocs prints a banner about its successor on every build
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-e2e ui-check install model model-code lock bench bench-peers clean stack-up stack-down
+.PHONY: docs docs-check run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-e2e ui-check install model model-code lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -107,6 +109,19 @@ test-e2e: $(STAMP)
 ui-check: $(STAMP) $(TINY_MODEL)/config.json
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(BIN)/python infra/ui_check.py
+
+# The docs site: the reference pages generated from the code (config fields, CLI help, metrics columns), then
+# MkDocs (Material) builds site/ offline with --strict (a broken link or anchor fails the build).
+docs: $(STAMP)
+	$(BIN)/python -m grpo_cli.reference docs/reference
+	$(BIN)/mkdocs build --quiet
+	@echo "==> site/index.html"
+
+# The built site in a real browser: served on 127.0.0.1, pages opened in headless Chromium (installed from Debian
+# when missing), their rendered DOM checked and screenshots written to site-check/.
+docs-check: docs
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	$(BIN)/python infra/docs_check.py site
 
 bench: $(STAMP) $(TINY_MODEL)/config.json
 	$(BIN)/python benchmarks/iteration.py

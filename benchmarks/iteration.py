@@ -366,7 +366,7 @@ def main() -> None:
     parser.add_argument("--no-force-length", action="store_true", help="let the random model emit EOS")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (model, run folder)")
     parser.add_argument("--checkpoint-interval", type=int, default=0,
-                        help="checkpoint.interval of the flow (default 0: none, the figures of the README)")
+                        help="checkpoint.interval of the flow (default 0: none, the figures of docs/benchmarks.md)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override of the flow, e.g. --set cluster.placement=split (repeatable)")
     parser.add_argument("--no-baselines", action="store_true", help="time the flow only")

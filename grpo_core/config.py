@@ -70,22 +70,29 @@ def expand_run_name(template: str, now: "datetime") -> str:
 class GRPOConfig(_Section):
     run_name: str = Field(default="tiny", pattern=r"^[A-Za-z0-9._-]+$",
                           description="the run folder under storage.root; a template may use {date} and {time}")
-    seed: int = 0
-    iterations: int = Field(default=10, ge=1)
-    model: ModelConfig
-    data: DataConfig
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    seed: int = Field(default=0, description="seeds the prompt order, every group's sampling and the learner: the "
+                                             "same seed and config give the same run")
+    iterations: int = Field(default=10, ge=1, description="rollout -> score -> train -> sync rounds; raising it on "
+                                                          "resume extends a finished run")
+    model: ModelConfig = Field(description="the policy: its folder, dtype, LoRA")
+    data: DataConfig = Field(description="train (and eval) data and how prompts are built from it")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="sampling: batch shape, lengths, "
+                                                                               "temperature, vLLM settings, async")
     env: EnvConfig | None = Field(default=None, description="multi-turn episodes with an environment (None: one "
                                                             "completion per sample)")
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    algo: AlgoConfig = Field(default_factory=AlgoConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-    weights: WeightsConfig = Field(default_factory=WeightsConfig)
-    storage: StorageConfig = Field(default_factory=StorageConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="held-out evaluation during the run")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="the reward components, their weights "
+                                                                           "and the scorer")
+    algo: AlgoConfig = Field(default_factory=AlgoConfig, description="the RL algorithm: advantages, loss, KL, "
+                                                                     "filters, off-policy correction")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="the optimizer and the learner's batches")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="placement of samplers and learners "
+                                                                              "on Ray")
+    weights: WeightsConfig = Field(default_factory=WeightsConfig, description="the weight sync and its check")
+    storage: StorageConfig = Field(default_factory=StorageConfig, description="where run folders live (local or "
+                                                                              "S3)")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="how often, how many kept")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="metric sinks and the terminal")
 
     # Derived batch arithmetic: computed here once, never re-derived elsewhere.
     @property
@@ -281,8 +288,8 @@ RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "logging", "cluster
 # The cap of pi_old / pi_sampler in TIS (Yao et al.), sequence TIS and AReaL's decoupled objective.
 DEFAULT_TIS_CAP = 2.0
 # The correction of async RL (rollout.max_staleness > 0) unless one is chosen: the best of the kinds on the built-in
-# task in async mode (README, "Off-policy corrections"): DeepSeek-V3.2's negative-advantage mask learnt as fast as
-# the synchronous run at lr 1e-3 and kept learning at 2e-3, where TIS and sequence MIS collapsed.
+# task in async mode (docs/benchmarks.md, "Off-policy corrections"): DeepSeek-V3.2's negative-advantage mask learnt
+# as fast as the synchronous run at lr 1e-3 and kept learning at 2e-3, where TIS and sequence MIS collapsed.
 DEFAULT_ASYNC_OFFPOLICY = "neg_adv_mask"
 # The off-policy kinds that read algo.tis_cap (grpo_core.algo.offpolicy_weights' cap)
 CAPPED_OFFPOLICY = ("tis", "seq_tis", "decoupled")

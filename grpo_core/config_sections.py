@@ -65,8 +65,9 @@ class ChatTurn(_Section):
     """One turn of a worked example shown before every prompt (``data.few_shot``); ``tool``: a tool's output, as an
     environment would give it, between the assistant turn that called the tool and the next assistant turn."""
 
-    role: Literal["user", "assistant", "tool"]
-    content: str = Field(min_length=1)
+    role: Literal["user", "assistant", "tool"] = Field(description="who speaks: the user, the model, or a tool's "
+                                                               "output (between two assistant turns)")
+    content: str = Field(min_length=1, description="the turn's text")
 
 
 def _check_few_shot(turns: list[ChatTurn], field: str) -> None:
@@ -84,9 +85,13 @@ class DataConfig(_Section):
                             "or a glob; folders and globs take the files present when the run starts "
                             "(recorded in data_files.json, which a resume reuses)")
     eval_path: str | None = Field(default=None, description="same forms as train_path")
-    format: Literal["math", "code"] = "math"
-    prompt_key: str = "messages"
-    answer_key: str = "gt_answer"
+    format: Literal["math", "code"] = Field(
+        default="math", description="math: a prompt and a gold answer per row; code: a prompt and test_cases "
+                                    "({inputs: [...], outputs: [...]}) per row, scored in the sandbox")
+    prompt_key: str = Field(default="messages", description="the column holding the prompt: chat messages or a "
+                                                            "string")
+    answer_key: str = Field(default="gt_answer", description="the column holding the gold answer (math format; "
+                                                             "the code format reads the test_cases column)")
     system_prompt: str | None = Field(
         default=None, description="None: the default system prompt of the reward type; '' for none at all")
     few_shot: list[ChatTurn] = Field(
@@ -94,8 +99,11 @@ class DataConfig(_Section):
                                           "calls tools: assistant, tool, assistant) put after the system prompt and "
                                           "before every prompt's own messages: how a pretrained instruct model "
                                           "learns the answer format it is rewarded for")
-    max_prompt_tokens: int = Field(default=512, ge=8)
-    shuffle: bool = True
+    max_prompt_tokens: int = Field(default=512, ge=8, description="the longest prompt in tokens (system prompt and "
+                                   "worked examples included); a longer one is an error naming its row (or skipped "
+                                   "with on_bad_row: skip)")
+    shuffle: bool = Field(default=True, description="each pass over the train set in a fresh order seeded by (seed, "
+                                                    "pass); false: file order")
     sampler: Literal["epoch", "difficulty_pool"] = Field(
         default="epoch", description="epoch: each pass over the train set in a fresh seeded order; difficulty_pool: "
                                      "the same order, passing over prompts whose last group was all right "
@@ -106,7 +114,9 @@ class DataConfig(_Section):
                                      "over; 0: never")
     pool_hard_skips: int = Field(
         default=1, ge=0, description="difficulty_pool: turns an all-wrong prompt is passed over; 0: never")
-    on_bad_row: Literal["error", "skip"] = "error"
+    on_bad_row: Literal["error", "skip"] = Field(
+        default="error", description="a row that fails the checks: error (naming file, row and field) or skip it "
+                                     "(listed in the run's skipped_rows.json and the log)")
 
     @model_validator(mode="after")
     def _few_shot_pairs(self) -> "DataConfig":
@@ -115,15 +125,22 @@ class DataConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    prompts_per_iteration: int = Field(default=16, ge=1)
+    prompts_per_iteration: int = Field(default=16, ge=1, description="prompts per iteration; the batch is this x "
+                                                                     "samples_per_prompt sequences")
     samples_per_prompt: int = Field(default=8, ge=1, description="G, the group size")
-    max_new_tokens: int = Field(default=256, ge=1)
-    temperature: float = Field(default=1.0, gt=0.0, le=10.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(default=256, ge=1, description="the response budget in tokens (multi-turn: the "
+                                                               "whole episode after the prompt)")
+    temperature: float = Field(default=1.0, gt=0.0, le=10.0, description="sampling temperature; the logprobs "
+                               "recorded are those of the distribution sampled from")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus sampling: the smallest set of tokens "
+                         "whose probability reaches top_p")
     kv_cache_mb: int = Field(default=64, ge=8, description="vLLM KV cache on CPU, MiB")
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per vLLM engine (vLLM's own executor)")
-    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
-    enforce_eager: bool = True
+    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0, description="on GPU: the share of the "
+                                          "device vLLM may take (weights + KV cache); the learner needs the rest when "
+                                          "colocated")
+    enforce_eager: bool = Field(default=True, description="vLLM without CUDA graphs or torch.compile (faster start, "
+                                                          "slower decoding on GPU)")
     share_prompt_prefill: bool = Field(
         default=True, description="compute each prompt's prefill once for its G samples (vLLM prefix caching, the "
                                   "cache emptied before each batch); on CPU the KV block size becomes 32")
@@ -189,7 +206,8 @@ class EvalDatasetConfig(_Section):
                                   "default system prompt of reward_type; '' for none")
     few_shot: list[ChatTurn] | None = Field(
         default=None, description="None: data.few_shot if reward_type is the run's reward.type, else none")
-    greedy: bool = True
+    greedy: bool = Field(default=True, description="one greedy response per prompt; its mean accuracy is "
+                                                   "eval/<name>/accuracy")
     samples: int = Field(default=0, ge=0, le=1024, description="sampled responses per prompt (0: none)")
     pass_k: list[int] | None = Field(
         default=None, description="k values of pass@k, each <= samples; None: 1 and samples")
@@ -288,9 +306,15 @@ class ModelRewardConfig(_Section):
 
 
 class RewardConfig(_Section):
-    type: Literal["boxed", "think_answer_tags", "code"] = "boxed"
-    rewards: list[str] = Field(default_factory=lambda: ["accuracy"], min_length=1)
-    weights: list[float] | None = None
+    type: Literal["boxed", "think_answer_tags", "code"] = Field(
+        default="boxed", description="how the accuracy reward reads a response: the last \\boxed{} (math-verify), "
+                                     "the last <answer> tag, or the last fenced python block run against the row's "
+                                     "tests in the sandbox")
+    rewards: list[str] = Field(default_factory=lambda: ["accuracy"], min_length=1, description=(
+        "reward components summed into the reward: accuracy, format, cosine, repetition, env (the environment's "
+        "episode reward), a plugin as 'module:function' or 'file.py:function', or a name in reward.models"))
+    weights: list[float] | None = Field(default=None, description="one weight per entry of rewards (None: all 1); "
+                                                                 "weight 0 records a component without training on it")
     num_workers: int = Field(default=2, ge=1, description="scoring processes")
     timeout_s: float = Field(default=5.0, gt=0.0, description="per-response time budget for verification")
     dedupe: bool = Field(default=True, description="verify identical (response, row) pairs of a batch once; turn off "
@@ -315,10 +339,12 @@ class RewardConfig(_Section):
 class AlgoConfig(_Section):
     """The algorithm of a run (advantages, policy loss, KL, filters, off-policy correction).
 
-    Every field maps onto an argument of a function in `grpo_core.algo`; the README's "Algorithm options" table
+    Every field maps onto an argument of a function in `grpo_core.algo`; docs/algorithms.md
     lists them with the preset that sets each. Defaults are the "grpo" preset's values.
     """
-    preset: Literal["grpo", "dapo", "dr_grpo", "gspo", "rloo"] = "grpo"
+    preset: Literal["grpo", "dapo", "dr_grpo", "gspo", "rloo"] = Field(
+        default="grpo", description="fills the algorithm fields it names (table below) under your config: a field "
+                                    "you set yourself wins")
     advantage_estimator: Literal["grpo", "dr_grpo", "rloo"] = Field(
         default="grpo", description="baseline: group mean (grpo, dr_grpo) or leave-one-out mean (rloo)")
     advantage_scale: Literal["group_std", "batch_std", "none"] | None = Field(
@@ -337,7 +363,9 @@ class AlgoConfig(_Section):
     loss_norm_length: int | None = Field(
         default=None, ge=1, description="Dr.GRPO's constant for seq_mean_token_sum_norm; None: max_new_tokens")
     kl_coeff: float = Field(default=0.0, ge=0.0, description="weight of the KL to the reference model (0: no ref)")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        default="k3", description="per-token KL estimate with d = log pi - log pi_ref: k1 = d, k2 = d^2 / 2, "
+                                  "k3 = exp(-d) + d - 1")
     kl_in_reward: bool = Field(default=False, description="subtract kl_coeff * sequence KL from the reward instead "
                                                           "of adding a KL loss")
     entropy_coeff: float = Field(default=0.0, ge=0.0, description="entropy bonus weight (loss -= coeff * entropy)")
@@ -391,12 +419,15 @@ class AlgoConfig(_Section):
 
 
 class TrainConfig(_Section):
-    lr: float = Field(default=1e-5, gt=0.0, le=1.0)
-    weight_decay: float = Field(default=0.0, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = Field(default=0, ge=0)
-    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
-    grad_clip: float | None = Field(default=1.0, gt=0.0)
+    lr: float = Field(default=1e-5, gt=0.0, le=1.0, description="peak learning rate (AdamW)")
+    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW's decoupled weight decay")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW's (beta1, beta2)")
+    warmup_steps: int = Field(default=0, ge=0, description="optimizer steps of linear warm-up up to lr")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        default="constant", description="after warm-up: constant, or cosine / linear decay to 0 over the run's "
+                                        "optimizer steps (iterations x optimizer_steps_per_iteration)")
+    grad_clip: float | None = Field(default=1.0, gt=0.0, description="largest gradient norm (clipped to it); "
+                                                                     "None: no clipping")
     mini_batch_size: int | None = Field(
         default=None, ge=1, description="sequences per optimizer step; None: the whole batch in one step")
     micro_batch_size: int = Field(default=64, ge=1, description="sequences per forward/backward")
@@ -456,7 +487,9 @@ class ClusterConfig(_Section):
     samplers: int = Field(default=1, ge=1, description="vLLM engines, one Ray actor each (colocate: defaults to "
                                                        "cluster.learners)")
     learners: int = Field(default=1, ge=1, description="DeepSpeed data-parallel ranks, one Ray actor each")
-    sampler_resources: RoleResources = Field(default_factory=RoleResources)
+    sampler_resources: RoleResources = Field(default_factory=RoleResources,
+                                             description="what one sampler actor reserves (split and external "
+                                                         "placement)")
     learner_resources: RoleResources = Field(
         default_factory=RoleResources, description="also what a colocated actor (sampler + learner) reserves")
     reward_resources: RoleResources = Field(

@@ -110,7 +110,7 @@ def test_async_needs_split_turns_a_correction_on_and_shifts_the_sampling_version
     cfg = build_config(_tree(**tree, cluster={"placement": "split"}, train={"mini_batch_size": 16}))
     assert cfg.algo.tis_cap is None and cfg.optimizer_steps_per_iteration == 2
     assert [cfg.sampling_version(i) for i in range(5)] == [0, 0, 0, 2, 4]
-    assert cfg.algo.offpolicy == "neg_adv_mask"  # async RL's default correction (README: the comparison)
+    assert cfg.algo.offpolicy == "neg_adv_mask"  # async RL's default correction (docs/benchmarks.md: the comparison)
     tis = build_config(_tree(**tree, cluster={"placement": "split"}, algo={"tis_cap": 1.5}))
     assert tis.algo.offpolicy == "tis" and tis.algo.tis_cap == 1.5
     off = build_config(_tree(**tree, cluster={"placement": "split"}, algo={"offpolicy": "none"}))

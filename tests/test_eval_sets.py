@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from grpo_core.storage import RunStore
+from tasks.metric_columns import undocumented
 from tests.conftest import REPO, tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -48,6 +49,7 @@ def test_each_set_has_its_metrics_and_rows_scored_with_its_reward_type(run_with_
         assert 0.0 <= r["eval/arith/pass@1"] <= r["eval/arith/pass@2"] <= r["eval/arith/pass@4"] <= 1.0
         assert r["eval/code/accuracy"] == 0.0 and r.get("eval/code/pass@1") is None  # greedy only
     assert result["final_eval_accuracy"] == rows[-1]["eval/arith/accuracy"]
+    assert undocumented(rows[0]) == []  # the metrics reference describes every eval column
     for it in (0, 2):
         arith = pq.read_table(run_dir / f"iter-{it:06d}" / "eval-arith.parquet")
         modes = arith.column("eval_mode").to_pylist()

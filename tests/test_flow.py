@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from grpo_core.data.schemas import ROLLOUT_FIELDS, SCORE_FIELDS, check_schema
 from grpo_core.storage import RunStore
+from tasks.metric_columns import undocumented
 from tests.conftest import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -42,6 +43,7 @@ def test_metrics_have_one_row_per_iteration_and_a_final_eval(two_iteration_run):
     assert all(r["eval_accuracy"] is not None for r in rows)
     assert rows[2]["reward_mean"] is None  # the final row is evaluation only
     assert result["final_eval_accuracy"] == rows[2]["eval_accuracy"]
+    assert undocumented(rows[0]) == [], "describe these columns in tasks/metric_columns.py (the metrics reference)"
 
 
 def test_sampler_matches_learner_after_every_sync(two_iteration_run):
