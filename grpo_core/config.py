@@ -202,6 +202,12 @@ class GRPOConfig(_Section):
                 f"the mini-batch ({mini} sequences / cluster.learners={learners} = {self.rank_batch_size})")
         if self.rollout.samples_per_prompt < 2:
             raise ValueError("rollout.samples_per_prompt must be >= 2: group-relative advantages need a group")
+        budget, longest = self.train.max_tokens_per_microbatch, self.data.max_prompt_tokens + \
+            self.rollout.max_new_tokens
+        if budget is not None and budget < longest:
+            raise ValueError(f"train.max_tokens_per_microbatch={budget} cannot hold the longest row: "
+                             f"data.max_prompt_tokens + rollout.max_new_tokens = {self.data.max_prompt_tokens} + "
+                             f"{self.rollout.max_new_tokens} = {longest}")
         if self.algo.soft_overlong and self.algo.soft_overlong_cache_length >= self.rollout.max_new_tokens:
             raise ValueError(
                 f"algo.soft_overlong_cache_length={self.algo.soft_overlong_cache_length} must be smaller than "

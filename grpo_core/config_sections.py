@@ -430,7 +430,14 @@ class TrainConfig(_Section):
                                                                      "None: no clipping")
     mini_batch_size: int | None = Field(
         default=None, ge=1, description="sequences per optimizer step; None: the whole batch in one step")
-    micro_batch_size: int = Field(default=64, ge=1, description="sequences per forward/backward")
+    micro_batch_size: int = Field(default=64, ge=1, description="sequences per forward/backward (unless "
+                                                               "max_tokens_per_microbatch is set)")
+    max_tokens_per_microbatch: int | None = Field(
+        default=None, ge=2, description="micro-batches by tokens instead of a row count (verl's use_dynamic_bsz): "
+                                        "each rank's rows, longest first, fill micro-batches of at most this many "
+                                        "padded tokens (rows x the longest row); the step is the same, the padding "
+                                        "less. Must hold the longest row: data.max_prompt_tokens + "
+                                        "rollout.max_new_tokens. None: micro_batch_size rows each")
     ppo_epochs: int = Field(default=1, ge=1, description="passes over each batch (num_iterations in TRL)")
     zero_stage: Literal["auto", 0, 1, 2, 3] = Field(
         default="auto", description="DeepSpeed ZeRO stage; auto: 2 with several learner ranks; with one, 0 in float32 "

@@ -59,6 +59,9 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
                  "epochs"),
         ("grad_norm", "gradient norm before clipping (train.grad_clip), mean over the optimizer steps"),
         ("lr", "learning rate after the update's last optimizer step"),
+        ("padded_frac", "share of the tokens the learner's micro-batches computed that were padding (each "
+                        "micro-batch is cut to its longest row; train.max_tokens_per_microbatch groups rows by "
+                        "length); prompt packing, where it pays, saves more on top"),
         ("clipfrac", "share of response tokens whose ratio was clipped"),
         ("clipfrac_low", "share clipped below 1 - algo.clip_eps_low"),
         ("clipfrac_high", "share clipped above 1 + algo.clip_eps_high"),

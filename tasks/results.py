@@ -189,6 +189,7 @@ def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, e
         **scored.component_means(),
         "distinct_frac": scored.metric("distinct_frac"),
         "loss": train.metrics["loss"], "grad_norm": train.metrics["grad_norm"], "lr": train.metrics["lr"],
+        "padded_frac": train.metrics.get("padded_frac"),
         **{name: train.metrics.get(name) for name in ALGORITHM_METRICS},
         "response_length_mean": first.response_length_mean, "truncated_frac": first.truncated_frac,
         **({name: getattr(first, name) for name in EPISODE_METRICS} if first.turns_mean is not None else {}),

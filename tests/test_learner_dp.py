@@ -15,8 +15,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def _config(model: str, learners: int, zero: int, **train):
     from grpo_core.config import build_config
 
-    return build_config({"model": {"path": model}, "data": {"train_path": "t"},
-                         "rollout": {"prompts_per_iteration": 2, "samples_per_prompt": 4},
+    return build_config({"model": {"path": model}, "data": {"train_path": "t", "max_prompt_tokens": 10},
+                         "rollout": {"prompts_per_iteration": 2, "samples_per_prompt": 4, "max_new_tokens": 10},
                          "cluster": {"placement": "split", "learners": learners},
                          "algo": {"loss_agg_mode": "token_mean"},
                          "train": {"lr": 1e-4, "micro_batch_size": 2, "zero_stage": zero, **train}})
@@ -51,8 +51,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("zero,train", [(3, {}), (2, {"mini_batch_size": 4, "ppo_epochs": 2})],
-                         ids=["zero3", "zero2-minibatches-epochs"])
+# token-budget: each rank plans every rank's micro-batches by tokens; a rank whose rows pack into fewer splits them so
+# both run as many (ZeRO-2 reduces in every backward): rows of 8-12 tokens, shares of 2 rows, a budget of 22
+@pytest.mark.parametrize("zero,train", [(3, {}), (2, {"mini_batch_size": 4, "ppo_epochs": 2}),
+                                        (2, {"mini_batch_size": 4, "max_tokens_per_microbatch": 22})],
+                         ids=["zero3", "zero2-minibatches-epochs", "zero2-token-budget"])
 def test_two_ranks_step_equals_one_rank_on_the_whole_batch(tiny_model, tmp_path, zero, train):
     from tests.test_learner import _batch
 

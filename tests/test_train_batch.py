@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from grpo_core.algo import entropy_from_logits
-from grpo_core.train.batch import pack_batch, token_logprobs, token_logprobs_and_entropy
+from grpo_core.train.batch import (equal_counts, pack_batch, plan_micro_batches, token_logprobs,
+                                   token_logprobs_and_entropy)
 
 
 def test_pack_batch_aligns_response_columns_and_sampler_logprobs():
@@ -63,3 +64,33 @@ def test_fused_logprobs_and_entropy_match_the_unfused_path_values_and_gradients(
             assert torch.equal(new_in, base)  # the logits are not modified in place
     logp, ent = token_logprobs_and_entropy(torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5)), with_entropy=False)
     assert ent is None and logp.shape == (2, 4)
+
+
+def test_micro_batches_by_tokens_group_rows_of_similar_length_within_the_budget():
+    lengths = [8, 30, 9, 12, 31, 10, 29, 11]
+    plan = plan_micro_batches(lengths, 64)
+    # longest first: 31 and 30 (2 x 31 = 62 tokens); 29 and 12 (58; a third row would make 87); then the short rows
+    assert plan == [[1, 4], [3, 6], [0, 2, 5, 7]]
+    for rows in plan:
+        assert len(rows) * max(lengths[i] for i in rows) <= 64
+    assert sorted(i for rows in plan for i in rows) == list(range(len(lengths)))  # every row once
+    assert plan_micro_batches(lengths, 1000) == [list(range(8))]
+    assert plan_micro_batches([5, 70, 5], 64) == [[1], [0, 2]]  # a row over the budget is alone, never dropped
+    with pytest.raises(ValueError, match="max_tokens"):
+        plan_micro_batches(lengths, 0)
+
+
+def test_every_rank_gets_as_many_micro_batches_by_splitting_its_largest():
+    plans = equal_counts([[[0, 1, 2, 3]], [[0], [1, 2], [3]]])
+    assert plans == [[[0], [1], [2, 3]], [[0], [1, 2], [3]]]
+    with pytest.raises(ValueError, match="too few rows"):
+        equal_counts([[[0]], [[0], [1]]])
+
+
+def test_a_trimmed_micro_batch_drops_only_the_columns_no_row_uses():
+    batch = pack_batch([[5, 6], [5, 6, 7, 8, 9]], [[10, 2], [11, 12, 13, 2]], [[-0.1, -0.2], [-1, -2, -3, -4]],
+                       [1.0, -1.0], [True, True], pad_id=0)
+    short = batch.select(torch.tensor([0])).trimmed()
+    assert short.input_ids.tolist() == [[5, 6, 10, 2]] and short.response_mask.tolist() == [[0, 1, 1]]
+    assert short.sampler_logprobs[0].tolist() == pytest.approx([0.0, -0.1, -0.2])
+    assert batch.trimmed() is batch  # the longest row uses every column

@@ -36,6 +36,60 @@ class TokenBatch:
         """[B, L-1]: response tokens of rows that count."""
         return self.response_mask * self.row_mask[:, None]
 
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[B] prompt + response tokens of each row (right-padded: its first ``length`` columns)."""
+        return self.attention_mask.sum(1)
+
+    def trimmed(self) -> "TokenBatch":
+        """The same rows without the padding columns none of them uses: a micro-batch of short rows taken from a
+        batch with long ones computes ``rows x its own longest row`` tokens, not the batch's."""
+        width = max(int(self.lengths.max()), 2) if len(self) else self.input_ids.shape[1]
+        if width >= self.input_ids.shape[1]:
+            return self
+        return TokenBatch(self.input_ids[:, :width], self.attention_mask[:, :width],
+                          self.response_mask[:, :width - 1], self.sampler_logprobs[:, :width - 1], self.advantages,
+                          self.row_mask, has_sampler_logprobs=self.has_sampler_logprobs)
+
+
+def plan_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Rows into micro-batches of at most ``max_tokens`` padded tokens each (rows x the longest row of the
+    micro-batch), by length (verl's ``use_dynamic_bsz``, NeMo-RL's dynamic batching): longest rows first, each
+    micro-batch filled while the next row fits. A row longer than the budget is a micro-batch of its own (the config
+    refuses a budget below the longest possible row). Each micro-batch lists its rows in their original order.
+
+    Rows of similar length land together, so a micro-batch pads little; the optimizer step does not depend on how
+    rows are grouped (loss denominators are the mini-batch's), only float summation order does."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: equal lengths keep their order
+    plan: list[list[int]] = []
+    for i in order:
+        if plan and (len(plan[-1]) + 1) * lengths[plan[-1][0]] <= max_tokens:
+            plan[-1].append(i)
+        else:
+            plan.append([i])
+    return [sorted(rows) for rows in plan]
+
+
+def equal_counts(plans: list[list[list[int]]]) -> list[list[list[int]]]:
+    """Every rank's plan with as many micro-batches as the longest plan: under ZeRO-2/3 each backward reduces
+    gradients across ranks, a collective every rank must join, so ranks run the same number of micro-batches. A
+    plan with fewer splits its largest micro-batch in two (the first half the larger) until it has enough."""
+    target = max((len(p) for p in plans), default=0)
+    out = []
+    for plan in plans:
+        plan = [list(rows) for rows in plan]
+        while len(plan) < target:
+            k = max(range(len(plan)), key=lambda j: (len(plan[j]), -j))
+            rows = plan[k]
+            if len(rows) < 2:
+                raise ValueError(f"cannot split {len(plan)} micro-batches into {target}: too few rows")
+            half = (len(rows) + 1) // 2
+            plan[k:k + 1] = [rows[:half], rows[half:]]
+        out.append(plan)
+    return out
+
 
 def pack_batch(prompts: list[list[int]], responses: list[list[int]], sampler_logprobs: list[list[float]] | None,
                advantages: list[float], row_mask: list[bool], pad_id: int,

@@ -24,7 +24,8 @@ from grpo_core.algo import (
 )
 from grpo_core.checkpoint import Snapshot
 from grpo_core.config import AlgoConfig, LoraConfig, TrainConfig, zero_stage_for
-from grpo_core.train.batch import TokenBatch, pack_shared_prompts, token_logprobs, token_logprobs_and_entropy
+from grpo_core.train.batch import (TokenBatch, equal_counts, pack_shared_prompts, plan_micro_batches, token_logprobs,
+                                   token_logprobs_and_entropy)
 from grpo_core.train.output_head import chunk_tokens_for, output_logprobs
 
 # DeepSpeed's checkpoint tag: its files live under <checkpoint>/learner/.
@@ -207,17 +208,33 @@ class Learner:
             return False
         return cost(*pack.input_ids.shape) < 0.9 * cost(*mb.input_ids.shape)
 
+    def _micro_batches(self, batch: TokenBatch) -> list[torch.Tensor]:
+        """Row indices of each micro-batch of a no-grad pass over ``batch``: by tokens
+        (``train.max_tokens_per_microbatch``) or ``micro_batch_size`` rows at a time. Under ZeRO-3 always by rows:
+        its forward is a collective, and every rank has as many rows as the others, not the same lengths."""
+        budget = self.train_cfg.max_tokens_per_microbatch
+        if budget is None or self.zero_stage == 3:
+            return [torch.arange(i, min(i + self.micro_batch_size, len(batch)))
+                    for i in range(0, len(batch), self.micro_batch_size)]
+        return [torch.tensor(rows) for rows in plan_micro_batches(batch.lengths.tolist(), budget)]
+
+    def _no_grad_logprobs(self, model, batch: TokenBatch, **kwargs) -> torch.Tensor:
+        """[B, L-1] logprobs over ``batch`` in micro-batches (each trimmed to its longest row), rows in place."""
+        out = torch.zeros(len(batch), batch.input_ids.shape[1] - 1)
+        for rows in self._micro_batches(batch):
+            part = self._forward_logprobs(model, batch.select(rows).trimmed(), **kwargs)[0].cpu()
+            out[rows, :part.shape[1]] = part
+        return out
+
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch, temperature: float | None = None, pack: bool = False) -> torch.Tensor:
         """[B, L-1] logprobs of the current policy at the response tokens (0 elsewhere), in micro-batches, no grad
         (at the sampling temperature unless ``temperature`` is given). ``pack``: through ``train.pack_prompts``
         where it pays."""
         self.engine.eval()
-        parts = [self._forward_logprobs(self.engine, batch.select(slice(i, i + self.micro_batch_size)),
-                                        temperature=temperature, pack=pack)[0].cpu()
-                 for i in range(0, len(batch), self.micro_batch_size)]
+        out = self._no_grad_logprobs(self.engine, batch, temperature=temperature, pack=pack)
         self.engine.train()
-        return _cat_padded(parts)
+        return out
 
     @property
     def has_reference(self) -> bool:
@@ -231,17 +248,29 @@ class Learner:
         if not self.has_reference:
             raise RuntimeError("no reference model: it is loaded only when algo.kl_coeff > 0")
         if self.spec.lora is None:
-            parts = [self._forward_logprobs(self.ref_model, batch.select(slice(i, i + self.micro_batch_size)),
-                                            pack=pack)[0]
-                     .cpu() for i in range(0, len(batch), self.micro_batch_size)]
-            return _cat_padded(parts)
+            return self._no_grad_logprobs(self.ref_model, batch, pack=pack)
         self.engine.eval()
         with self.engine.module.disable_adapter():
-            parts = [self._forward_logprobs(self.engine, batch.select(slice(i, i + self.micro_batch_size)),
-                                            pack=pack)[0]
-                     .cpu() for i in range(0, len(batch), self.micro_batch_size)]
+            out = self._no_grad_logprobs(self.engine, batch, pack=pack)
         self.engine.train()
-        return _cat_padded(parts)
+        return out
+
+    def _train_micro_batches(self, lengths: torch.Tensor, share: int, world_size: int, rank: int,
+                             n_minis: int) -> list[list[torch.Tensor]]:
+        """Per mini-batch, this rank's micro-batches as row indices into its share of that mini-batch.
+        ``lengths``: [B] of the whole batch (every rank has it, so every rank plans every rank's micro-batches
+        and all run as many)."""
+        budget = self.train_cfg.max_tokens_per_microbatch
+        if budget is None:
+            fixed = [torch.arange(i, i + self.micro_batch_size) for i in range(0, share, self.micro_batch_size)]
+            return [fixed for _ in range(n_minis)]
+        plans = []
+        mini = share * world_size
+        for m in range(n_minis):
+            per_rank = [lengths[m * mini + r * share: m * mini + (r + 1) * share].tolist() for r in range(world_size)]
+            plans.append([torch.tensor(rows) for rows in
+                          equal_counts([plan_micro_batches(lens, budget) for lens in per_rank])[rank]])
+        return plans
 
     # ------------------------------------------------------------------------------------------------- step
     def train_step(self, batch: TokenBatch, rank: int = 0, world_size: int = 1) -> dict[str, float]:
@@ -263,6 +292,7 @@ class Learner:
         norm_length = self.algo.loss_norm_length or self.spec.max_new_tokens
         denominators = [max(1.0, loss_denominator(batch.select(slice(m * mini, (m + 1) * mini)).loss_mask, agg))
                         for m in range(n_minis)]
+        plans = self._train_micro_batches(batch.lengths, share, world_size, rank, n_minis)
         if world_size > 1:
             batch = batch.select(torch.cat([torch.arange(m * mini + rank * share, m * mini + (rank + 1) * share)
                                             for m in range(n_minis)]))
@@ -282,14 +312,19 @@ class Learner:
 
         grad_norms = []
         mismatch_max: float | None = None  # a max over micro-batches, not a mean of theirs
+        real_tokens = padded_tokens = 0
+        by_tokens = self.train_cfg.max_tokens_per_microbatch is not None
         for _epoch in range(self.train_cfg.ppo_epochs):
             for m in range(n_minis):
                 mini_idx = slice(m * share, (m + 1) * share)
                 mini_batch = batch.select(mini_idx)
                 denom = denominators[m]
-                for start in range(0, share, self.micro_batch_size):
-                    idx = slice(start, start + self.micro_batch_size)
-                    mb = mini_batch.select(idx)
+                for k, idx in enumerate(plans[m]):
+                    mb = mini_batch.select(idx).trimmed()
+                    real_tokens += int(mb.lengths.sum())
+                    padded_tokens += mb.input_ids.numel()
+                    if by_tokens:  # as many micro-batches as this mini-batch has, not the configured count
+                        self.engine.set_gradient_accumulation_boundary(k == len(plans[m]) - 1)
                     mask = mb.loss_mask.to(self.device)
                     logp, entropy = self._forward_logprobs(
                         self.engine, mb, entropy="loss" if self.algo.entropy_coeff > 0 else "metric", pack=True)
@@ -343,6 +378,7 @@ class Learner:
             out["mismatch_abs_logp_max"] = mismatch_max
         out["loss"] = sums.get("loss", 0.0) / max(1, self.train_cfg.ppo_epochs * n_minis)  # sum over micros
         out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        out["padded_frac"] = 1.0 - real_tokens / padded_tokens if padded_tokens else 0.0
         out["lr"] = float(self.scheduler.get_last_lr()[0])
         out["optimizer_steps"] = float(self.train_cfg.ppo_epochs * n_minis)
         out["tokens"] = float(batch.loss_mask.sum())  # this rank's
@@ -524,11 +560,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
-    width = max(p.shape[1] for p in parts)
-    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
 
 
 def _grad_norm(module: torch.nn.Module) -> float:
