@@ -31,7 +31,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Material for MkDocs prints a banner about its successor on every build
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs docs-check run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-e2e ui-check install model model-code lock bench bench-peers clean stack-up stack-down
+.PHONY: docs docs-check run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -103,6 +103,14 @@ test: $(STAMP)
 # `make test`.
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest -m e2e $(PYTEST_ARGS)
+
+# Several hosts for real (as root): network namespaces on a bridge of their own, a Ray cluster across them with the
+# run folder on an S3 host, nodes killed and links cut or slowed mid-run (tests/test_cluster_netns.py, ~15 min);
+# iptables (Debian) for the slow-link test. Afterwards, a check that no namespace, link or process is left.
+test-cluster: $(STAMP) $(TINY_MODEL)/config.json
+	@command -v iptables >/dev/null || (apt-get update -qq && apt-get install -y -qq iptables)
+	GRPO_TEST_TINY_MODEL=$(TINY_MODEL) $(BIN)/python -m pytest -m cluster $(PYTEST_ARGS); rc=$$?; \
+	  $(BIN)/python -m tests.netns check && exit $$rc
 
 # The Prefect console in a real browser: stack up, a tiny deployment run, its artifacts through the REST API,
 # screenshots (headless Chromium, installed from Debian when missing), two scheduled retraining runs, stack down.

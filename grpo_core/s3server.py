@@ -5,7 +5,7 @@ there is no atomic rename and the manifest PUT is the commit. Tests and ``grpo s
 need a *real* S3 server to check that, started in about a second with nothing downloaded.
 
 Every port ``weed mini`` opens (master, volume, filer, S3, their gRPC ports, admin) is
-chosen free on 127.0.0.1 and bound there only; WebDAV, Iceberg and Lance are disabled and
+chosen free on 127.0.0.1 (or the one address given as ``host``) and bound there only; WebDAV, Iceberg and Lance are disabled and
 telemetry is off. Credentials come from a generated ``ids.json`` and are enforced.
 The server log goes to ``<workdir>/weed.log``; a failed start raises with its tail.
 """
@@ -54,22 +54,22 @@ def find_weed() -> str:
     return found
 
 
-def _port_is_free(port: int) -> bool:
+def _port_is_free(port: int, host: str = HOST) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
-            sock.bind((HOST, port))
+            sock.bind((host, port))
         except OSError:
             return False
     return True
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on loopback (holding them open until all are found)."""
+def free_ports(count: int, host: str = HOST) -> list[int]:
+    """``count`` distinct free TCP ports on ``host`` (holding them open until all are found)."""
     held: list[socket.socket] = []
     try:
         for _ in range(count):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((HOST, 0))
+            sock.bind((host, 0))
             held.append(sock)
         return [sock.getsockname()[1] for sock in held]
     finally:
@@ -77,16 +77,16 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _admin_port_pair(taken: set[int]) -> tuple[int, int]:
+def _admin_port_pair(taken: set[int], host: str = HOST) -> tuple[int, int]:
     """A free port p with p + 10000 also free (see _ADMIN_GRPC_OFFSET)."""
     for _ in range(200):
-        (port,) = free_ports(1)
+        (port,) = free_ports(1, host)
         grpc = port + _ADMIN_GRPC_OFFSET
         if port in taken or grpc in taken or grpc > 65535:
             continue
-        if _port_is_free(grpc):
+        if _port_is_free(grpc, host):
             return port, grpc
-    raise S3ServerError("could not find a free admin port pair (p, p+10000) on 127.0.0.1")
+    raise S3ServerError(f"could not find a free admin port pair (p, p+10000) on {host}")
 
 
 def write_identities(path: Path, key: str, secret: str) -> None:
@@ -255,11 +255,13 @@ def start_s3_server(
     timeout: float = 30.0,
     die_with_parent: bool = True,
     weed: str | None = None,
+    host: str = HOST,
 ) -> S3Server:
     """Start ``weed mini`` with its data, log and ids.json under ``workdir``; return once S3 answers.
 
     ``key``/``secret`` default to fresh random values. ``s3_port`` fixes the S3 port (others are
-    always chosen free). ``die_with_parent`` ties the server's life to this process (tests);
+    always chosen free). ``host``: the one address every port binds (loopback unless a test host of
+    its own, tests.netns, serves it). ``die_with_parent`` ties the server's life to this process (tests);
     a launcher that should outlive its shell passes False.
     """
     started = time.monotonic()
@@ -273,13 +275,13 @@ def start_s3_server(
     log_path = workdir / "weed.log"
 
     names = ["master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc"]
-    chosen = free_ports(len(names))
+    chosen = free_ports(len(names), host)
     ports = dict(zip(names, chosen))
     if s3_port is not None:
-        if not _port_is_free(s3_port):
-            raise S3ServerError(f"S3 port {s3_port} on {HOST} is already in use")
+        if not _port_is_free(s3_port, host):
+            raise S3ServerError(f"S3 port {s3_port} on {host} is already in use")
         ports["s3"] = s3_port
-    ports["admin"], ports["admin_grpc"] = _admin_port_pair(set(ports.values()))
+    ports["admin"], ports["admin_grpc"] = _admin_port_pair(set(ports.values()), host)
 
     socket_dir: Path | None = None
     if len(str(workdir / "seaweedfs-master-grpc-65535.sock")) > _MAX_SOCKET_PATH:
@@ -290,8 +292,8 @@ def start_s3_server(
         weed or find_weed(),
         "mini",
         f"-dir={data_dir}",
-        f"-ip={HOST}",
-        f"-ip.bind={HOST}",
+        f"-ip={host}",
+        f"-ip.bind={host}",
         "-master.telemetry=false",
         "-admin.ui=false",
         "-webdav=false",
@@ -332,7 +334,7 @@ def start_s3_server(
 
     process = spawn()
     server = S3Server(
-        endpoint_url=f"http://{HOST}:{ports['s3']}",
+        endpoint_url=f"http://{host}:{ports['s3']}",
         key=key,
         secret=secret,
         workdir=workdir,
@@ -366,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("workdir", help="folder for data, ids.json and weed.log")
     parser.add_argument("buckets", nargs="*", default=["grpo"], help="buckets to create")
     parser.add_argument("--port", type=int, default=None, help="S3 port (default: a free one)")
+    parser.add_argument("--host", default=HOST, help="the address every port binds (default: loopback)")
     parser.add_argument("--key", default=os.environ.get("GRPO_S3_KEY"))
     parser.add_argument("--secret", default=os.environ.get("GRPO_S3_SECRET"))
     args = parser.parse_intermixed_args(argv)
@@ -379,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         secret=args.secret,
         s3_port=args.port,
         die_with_parent=True,
+        host=args.host,
     )
     print(f"S3 endpoint:  {server.endpoint_url}")
     print(f"access key:   {server.key}")

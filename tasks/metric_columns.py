@@ -42,6 +42,10 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
         ("rollout_tokens", "tokens the iteration sampled, all rounds (prompt tokens not counted)"),
         ("samplers_lost", "samplers (or servers) that died or stopped answering during the rollout; their "
                           "prompts were redone by the others"),
+        ("samplers_replaced", "samplers that were out (died, or a server down) and serve again from this "
+                              "iteration's sync on: a new actor where a node could hold it, or the server back"),
+        ("samplers_out", "samplers still out after this iteration's sync: no node can hold a replacement yet (tried "
+                         "again at every sync), or a server not answering"),
         ("turns_mean", "multi-turn: assistant turns per episode"),
         ("tool_calls_mean", "multi-turn: tool calls per episode"),
         ("tool_call_frac", "multi-turn: share of episodes with at least one tool call"),

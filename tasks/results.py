@@ -154,6 +154,8 @@ class SyncResult:
     max_diff: float | None = None
     per_sampler: dict[int, float] = field(default_factory=dict)
     check_seconds: float | None = None  # None: not checked
+    samplers_replaced: int = 0  # samplers that died earlier and serve again from this sync on
+    samplers_out: int = 0  # samplers still out after it (waiting for a node that can hold them, or a server down)
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,7 @@ def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, e
         "rollout_tokens": sum(r.tokens for r in rollouts),
         "kept_frac": scored.metric("kept_frac"), "rollout_rounds": len(rollouts),
         "samplers_lost": sum(r.samplers_lost for r in rollouts),
+        "samplers_replaced": sync.samplers_replaced, "samplers_out": sync.samplers_out,
         "filtered_group_frac": scored.metric("filtered_group_frac"),
         "time_rollout_s": times.rollout_s, "time_score_s": scored.seconds,
         "sync_logprob_max_diff": sync.max_diff,

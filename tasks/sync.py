@@ -27,7 +27,8 @@ def sync(ctx: RunContext, check: tuple[int, str] | None = None, iteration: int |
     learner's."""
     out = ctx.engines.sync()
     synced = SyncResult(seconds=out["seconds"], version=int(out["version"]), transport=out["transport"],
-                        bytes=out.get("bytes"))
+                        bytes=out.get("bytes"), samplers_replaced=out["samplers_back"],
+                        samplers_out=out["samplers_out"])
     rows = ctx.cfg.weights.check_samples
     if check is None or rows <= 0:
         return synced

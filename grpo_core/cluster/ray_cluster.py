@@ -17,6 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # n
 
 from grpo_core.config import GRPOConfig, RoleResources  # noqa: E402
 from grpo_core.logs import LOGS  # noqa: E402
+from grpo_core.netaddr import local_address_towards  # noqa: E402
 from grpo_core.storage import RunStore  # noqa: E402
 
 # Environment every actor inherits: offline hub, caches inside the project, in-process vLLM on loopback.
@@ -29,6 +30,15 @@ def on_loopback(cfg: GRPOConfig) -> bool:
     """Whether the run's Ray is on this machine's loopback: a local Ray of its own or a head at 127.0.0.1."""
     address = cfg.cluster.ray_address
     return not address or address.split(":")[0] in ("127.0.0.1", "localhost")
+
+
+def driver_address(ray_address: str) -> str | None:
+    """This machine's address facing the Ray head at ``ray_address`` (``host:port``); None for "auto" (a cluster
+    started on this machine: Ray finds it and its address) and for Ray Client (``ray://``: no raylet here)."""
+    if ray_address == "auto" or ray_address.startswith("ray://"):
+        return None
+    host = ray_address.rsplit(":", 1)[0].strip("[]")
+    return "127.0.0.1" if host in ("127.0.0.1", "localhost") else local_address_towards(host)
 
 
 def actor_env(threads: int, local: bool) -> dict[str, str]:
@@ -63,10 +73,12 @@ def start_ray(cfg: GRPOConfig) -> dict[str, Any]:
         return ray.cluster_resources()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if cfg.cluster.ray_address:
-        # A head on loopback (`grpo stack up`): this driver joins it as 127.0.0.1 too (its default node address is
-        # the machine's external one, where no raylet of that cluster listens).
+        # The driver joins as the node it runs on, named by its address facing the head: 127.0.0.1 for a head on
+        # loopback (`grpo stack up`), else the interface the kernel routes to the head through. Ray's own guess is
+        # the hostname's address or 127.0.0.1 (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, set by this package), which on
+        # a multi-homed node or in a network namespace is not where that node's raylet listens.
         ray.init(address=cfg.cluster.ray_address, log_to_driver=cfg.logging.verbose,
-                 _node_ip_address="127.0.0.1" if on_loopback(cfg) else None)
+                 _node_ip_address=driver_address(cfg.cluster.ray_address))
     else:
         roles = _roles(cfg) + [("reward", sum(m.replicas for m in cfg.reward.models.values()),
                                 cfg.cluster.reward_resources)]
@@ -75,6 +87,7 @@ def start_ray(cfg: GRPOConfig) -> dict[str, Any]:
         for _, count, res in roles:
             for key, amount in res.resources.items():
                 custom[key] = custom.get(key, 0.0) + count * amount
+        custom = {key: math.ceil(total) for key, total in custom.items()}  # a node's resources are whole numbers
         # "local": always a new cluster of our own (without it ray.init joins any cluster a `ray start` or another
         # run left on this machine); cluster.ray_address="auto" joins that one on purpose.
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), resources=custom or None,
@@ -97,8 +110,13 @@ def _bundle(res: RoleResources) -> dict[str, float]:
 
 def placed_group(res: RoleResources, count: int, name: str, role: str):
     """A ready placement group of ``count`` bundles of ``res``; a clear error after PLACEMENT_TIMEOUT_S when the
-    cluster cannot hold it (instead of waiting forever)."""
-    group = placement_group([_bundle(res)] * count, strategy="PACK", name=name)
+    cluster cannot hold it (instead of waiting forever).
+
+    Samplers are spread over the nodes that can hold them (best effort: on one node they pack), so that losing a
+    node loses as few of them as possible and each gets a node's cores; learner ranks (and colocated actors) pack,
+    their collectives faster within a node."""
+    strategy = "SPREAD" if role == "sampler" else "PACK"
+    group = placement_group([_bundle(res)] * count, strategy=strategy, name=name)
     try:
         ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
@@ -149,6 +167,14 @@ def create_engine_actors(cfg: GRPOConfig) -> tuple[list, list, list]:
     return samplers, learners, groups
 
 
+def group_placed(group) -> bool:
+    """Whether every bundle of ``group`` sits on a live node now: after a node is lost, Ray moves its bundles to
+    another node that can hold them (state RESCHEDULING until one can)."""
+    from ray.util import placement_group_table
+
+    return placement_group_table(group).get("state") == "CREATED"
+
+
 def create_sampler_actor(cfg: GRPOConfig, sampler_id: int, group, bundle_index: int) -> Any:
     """A sampler actor in a bundle of a placement group: a dead one's (replacement) or a new group's (scale-up)."""
     from grpo_core.engine_worker import EngineWorker
@@ -168,9 +194,10 @@ def node_ip(handle) -> str:
     return ray.get(handle.__ray_call__.remote(lambda _self: ray.util.get_node_ip_address()))
 
 
-def node_ids(handles: list) -> list[str]:
-    """The Ray node id of each actor."""
-    return ray.get([h.__ray_call__.remote(lambda _self: ray.get_runtime_context().get_node_id()) for h in handles])
+def node_ids(handles: list) -> list[tuple[str, str]]:
+    """The Ray node id and node address of each actor."""
+    return ray.get([h.__ray_call__.remote(
+        lambda _self: (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())) for h in handles])
 
 
 def remove_groups(groups: list) -> None:

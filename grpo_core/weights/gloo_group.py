@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 import torch
 from vllm.distributed.weight_transfer.packed_tensor import pack_tensors, unpack_tensor
 
+from grpo_core.netaddr import local_address_towards
+
 if TYPE_CHECKING:
     from grpo_core.weights.gloo import GlooWeightTransferUpdateInfo
 
@@ -73,18 +75,6 @@ def bucket_plan(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
 
 # ------------------------------------------------------------------------------------------------------ the group
 
-def _local_address_towards(host: str) -> str:
-    """The local address the kernel would use to reach ``host`` (no packet is sent: UDP connect only routes)."""
-    try:
-        infos = socket.getaddrinfo(host, 1, type=socket.SOCK_DGRAM)
-        family, _, _, _, addr = infos[0]
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect(addr)
-            return s.getsockname()[0]
-    except OSError as exc:
-        raise RuntimeError(f"cannot find a local address that reaches {host!r}; set bind_address") from exc
-
-
 class GlooGroup:
     """A standalone gloo group: TCPStore + PrefixStore + ``ProcessGroupGloo`` (never the default group).
 
@@ -110,7 +100,7 @@ class GlooGroup:
             self.port = port
             self.store = TCPStore(address, port, world_size=world_size, is_master=False, timeout=timeout,
                                   wait_for_workers=False)
-            self.bind_address = bind_address or _local_address_towards(address)
+            self.bind_address = bind_address or local_address_towards(address)
         options = ProcessGroupGloo._Options()
         # Without an explicit device gloo resolves the machine's hostname and binds whatever that gives.
         options._devices = [ProcessGroupGloo.create_device(hostname=self.bind_address)]

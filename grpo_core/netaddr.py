@@ -1,0 +1,21 @@
+"""Which of this machine's addresses faces another host.
+
+Why: on a machine with several interfaces (a cluster node, a network namespace, a laptop on a VPN) the hostname
+often resolves to the wrong one, and a process that binds or advertises it is unreachable. The routing table knows
+the right one: the source address the kernel would use to reach the peer.
+"""
+from __future__ import annotations
+
+import socket
+
+
+def local_address_towards(host: str) -> str:
+    """The local address the kernel would use to reach ``host`` (no packet is sent: a UDP connect only routes)."""
+    try:
+        infos = socket.getaddrinfo(host, 1, type=socket.SOCK_DGRAM)
+        family, _, _, _, addr = infos[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return s.getsockname()[0]
+    except OSError as exc:
+        raise RuntimeError(f"cannot find a local address that reaches {host!r} (no route to it)") from exc
