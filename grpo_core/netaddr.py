@@ -19,3 +19,14 @@ def local_address_towards(host: str) -> str:
             return s.getsockname()[0]
     except OSError as exc:
         raise RuntimeError(f"cannot find a local address that reaches {host!r} (no route to it)") from exc
+
+
+def listening_socket(address: str, port: int = 0) -> socket.socket:
+    """A socket listening on ``address`` alone (``port`` 0: one the OS picks), for a server that must not listen on
+    every interface, such as a torch ``TCPStore`` given it as ``master_listen_fd`` (alone it binds them all)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((address, port))
+    sock.listen(128)
+    return sock

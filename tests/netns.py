@@ -153,15 +153,18 @@ class Host:
             self.shaper = None
 
     def listeners(self) -> list[tuple[str, int, str]]:
-        """Every listening TCP socket on this host: (address, port, process name)."""
+        """Every listening TCP socket on this host: (address, port, the owning process's command line)."""
         done = self.run(["ss", "-Hltnp"])
         out = []
         for line in done.stdout.splitlines():
-            parts = line.split()
-            local = parts[3]
-            address, port = local.rsplit(":", 1)
-            process = re.search(r'users:\(\("([^"]+)"', line)
-            out.append((address.strip("[]"), int(port), process.group(1) if process else "?"))
+            address, port = line.split()[3].rsplit(":", 1)
+            pid = re.search(r"pid=(\d+)", line)
+            try:
+                with open(f"/proc/{pid.group(1)}/cmdline", "rb") as fh:
+                    command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except (AttributeError, OSError):
+                command = "?"
+            out.append((address.strip("[]").removeprefix("::ffff:"), int(port), command))
         return out
 
 

@@ -26,9 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 RAY_PORT = 6379
 BUCKET = "grpo"
 RAY = str(Path(sys.executable).parent / "ray")
-# Ray's own processes: they listen on every address of their host (Ray 2.60 has no bind setting); in a namespace
-# that is the host's address and its loopback.
-RAY_PROCESSES = ("gcs_server", "raylet", "ray::", "python3.11", "python3", "python", "default_worker")
+# What this project runs on a host, told by the command line: the flow driver, the engine actors (Ray titles them
+# ray::EngineWorker), the S3 server. Everything else listening there is Ray's own (GCS, raylet, agents), which binds
+# every address of its host (Ray 2.60 has no setting for it): in a namespace, the host's address and loopback.
+OUR_PROCESSES = ("grpo_cli.main", "EngineWorker", "grpo_core.s3server", "weed ")
+# Every Ray worker process (the driver, each actor) serves Ray's core-worker RPC on a port from this range, on every
+# address too; the range is Ray's default, given to `ray start` explicitly so that the test can tell those apart.
+RAY_WORKER_PORTS = (10002, 19999)
 
 
 def host_env(**extra: str) -> dict[str, str]:
@@ -103,7 +107,8 @@ class NetnsCluster:
         temp = self.ray_dir / f"{name}-{self._starts[name]}"
         temp.mkdir(parents=True, exist_ok=True)
         argv = [RAY, "start", f"--node-ip-address={node.host.address}", f"--num-cpus={node.num_cpus:g}",
-                f"--temp-dir={temp}", "--object-store-memory=150000000", "--disable-usage-stats"]
+                f"--temp-dir={temp}", "--object-store-memory=150000000", "--disable-usage-stats",
+                f"--min-worker-port={RAY_WORKER_PORTS[0]}", f"--max-worker-port={RAY_WORKER_PORTS[1]}"]
         if node.resources:
             argv.append(f"--resources={json.dumps(node.resources)}")
         if node.host is self.head:

@@ -31,7 +31,7 @@ from safetensors.torch import load
 from grpo_core.storage import RunStore
 from tests.conftest import REPO, tiny_config
 from tests.netns import Host, Topology, available
-from tests.netns_cluster import BUCKET, RAY_PROCESSES, NetnsCluster, RayNode
+from tests.netns_cluster import BUCKET, OUR_PROCESSES, RAY_WORKER_PORTS, NetnsCluster, RayNode
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -207,8 +207,9 @@ def _assert_dropped_and_readded(rows: list[dict]) -> None:
 def test_trains_across_hosts_exactly_as_on_one_machine(cluster, reference, tiny_model, transport):
     """Roles land on their hosts by custom resources, weights cross the bridge (gloo broadcast from the learner
     host, or files through the S3 host), and the run ends on the one-machine run's exact weights. While it runs,
-    no process of ours listens beyond its host's address and loopback (Ray's own servers listen on every address of
-    their host: Ray 2.60 has no setting for it)."""
+    no process of ours listens beyond its host's address and loopback, and the learner's stores listen on the
+    learner host's address. Ray's own servers listen on every address of their host (Ray 2.60 has no setting):
+    its daemons, and the core-worker RPC port (from Ray's worker port range) inside every Ray worker process."""
     run = f"across-{transport}"
     proc, log = cluster.train(cluster.config(_training(tiny_model, run, transport)), run)
     store = _store(cluster, run)
@@ -217,11 +218,13 @@ def test_trains_across_hosts_exactly_as_on_one_machine(cluster, reference, tiny_
     _finish(proc, log)
     for name, sockets in listening.items():
         own = cluster.topology[name].address
-        for address, port, process in sockets:
-            if process.startswith(RAY_PROCESSES) and name != "s3":
-                continue
-            assert address in (own, "127.0.0.1", f"::ffff:{own}", "::ffff:127.0.0.1"), \
-                f"{process} on {name} listens on {address}:{port}"
+        for address, port, command in sockets:
+            ray_rpc = RAY_WORKER_PORTS[0] <= port <= RAY_WORKER_PORTS[1] and "weed" not in command
+            if any(mark in command for mark in OUR_PROCESSES) and not ray_rpc:
+                assert address in (own, "127.0.0.1"), f"{command[:80]} on {name} listens on {address}:{port}"
+    learner = cluster.topology["learner"].address
+    # the learners' rendezvous (and, with broadcast, the weight-transfer group's store) on the learner's address
+    assert any(a == learner and "EngineWorker" in c for a, _, c in listening["learner"]), listening["learner"]
     hosts = _hosts_by_role(cluster, run)
     assert hosts == {"sampler 0": hosts["sampler 0"], "sampler 1": hosts["sampler 1"], "learner rank 0": "learner"}
     assert {hosts["sampler 0"], hosts["sampler 1"]} == {"sampler1", "sampler2"}  # spread, one per host

@@ -22,6 +22,7 @@ from grpo_core.checkpoint import CheckpointRef, CheckpointWriter, Snapshot
 from grpo_core.config import GRPOConfig
 from grpo_core.roles.threads import pin_torch_threads
 from grpo_core.data.schemas import RESPONSE_MASK
+from grpo_core.netaddr import listening_socket
 from grpo_core.storage import RunStore
 from grpo_core.train.batch import pack_batch
 from grpo_core.train.learner import Learner, LearnerSpec
@@ -55,8 +56,9 @@ def open_rendezvous(host: str, world_size: int) -> "torch.distributed.TCPStore":
     import torch.distributed as dist
     from datetime import timedelta
 
-    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=_RENDEZVOUS_TIMEOUT_S))
+    sock = listening_socket(host)  # the node's address only: a TCPStore binding port 0 itself listens on all
+    return dist.TCPStore(host, sock.getsockname()[1], world_size, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=_RENDEZVOUS_TIMEOUT_S), master_listen_fd=sock.detach())
 
 
 def init_learner_group(master_addr: str, master_port: int, rank: int, world_size: int,

@@ -43,6 +43,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from grpo_core.netaddr import listening_socket
 from grpo_core.weights.gloo_group import (
     DEFAULT_TIMEOUT_S,
     GlooGroup,
@@ -308,7 +309,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                      bucket_bytes=init_info.bucket_bytes, num_buffers=init_info.num_buffers)
         if not engine.is_sender:
             return engine  # only joins the trainer-side iteration in send_weights
-        sock = GlooGroup.bind(init_info.master_address, init_info.master_port)  # port known before the workers hear
+        sock = listening_socket(init_info.master_address, init_info.master_port)  # port known before the workers hear
         engine.master_address = init_info.master_address
         engine.master_port = sock.getsockname()[1]
         worker_info = GlooWeightTransferInitInfo(

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from vllm.distributed.weight_transfer.packed_tensor import pack_tensors, unpack_tensor
 
-from grpo_core.netaddr import local_address_towards
+from grpo_core.netaddr import listening_socket, local_address_towards
 
 if TYPE_CHECKING:
     from grpo_core.weights.gloo import GlooWeightTransferUpdateInfo
@@ -90,7 +90,7 @@ class GlooGroup:
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size = rank, world_size
         if rank == 0:
-            sock = listen_socket or self.bind(address, port)
+            sock = listen_socket or listening_socket(address, port)
             self.port = sock.getsockname()[1]
             # The store serves from OUR socket: TCPStore alone would listen on every interface.
             self.store = TCPStore(address, self.port, world_size=world_size, is_master=True, timeout=timeout,
@@ -106,16 +106,6 @@ class GlooGroup:
         options._devices = [ProcessGroupGloo.create_device(hostname=self.bind_address)]
         options._timeout = timeout
         self.pg = ProcessGroupGloo(PrefixStore(STORE_PREFIX, self.store), rank, world_size, options)
-
-    @staticmethod
-    def bind(address: str, port: int) -> socket.socket:
-        """A listening socket for rank 0's store (bind it before telling the workers the port)."""
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((address, port))
-        sock.listen(128)
-        return sock
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0):
         """Start a broadcast of ``tensor`` from ``src``; returns the gloo ``Work`` (call ``.wait()``)."""
