@@ -135,9 +135,10 @@ bench: $(STAMP) $(TINY_MODEL)/config.json
 	$(BIN)/python benchmarks/iteration.py
 
 # This project against TRL's GRPOTrainer on configs/tiny.yaml (TRL goes into .cache/peers/ on first use);
-# PEERS_ARGS="--workload reference" for the 24M reference shape.
+# PEERS_ARGS="--workload reference" for the 24M reference shape, "--workload smollm2" for the real model (built
+# first if missing) with the engines' floors and the issue-21 goals table.
 PEERS_ARGS ?=
-bench-peers: $(STAMP) $(TINY_MODEL)/config.json
+bench-peers: $(STAMP) $(TINY_MODEL)/config.json $(if $(findstring smollm2,$(PEERS_ARGS)),$(SMOLLM2_MODEL)/grpo_build.json)
 	$(BIN)/python benchmarks/peers.py $(PEERS_ARGS)
 
 # Re-resolve the lock from requirements/cpu.in (needs the registries; not part of run/test).

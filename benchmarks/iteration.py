@@ -184,7 +184,7 @@ def run_flow(model_dir: Path, root: Path, shape: dict, iterations: int, kv_mb: i
 # ------------------------------------------------------------------------------------------------ baselines
 
 def baseline_vllm(model_dir: str, prompts: list[list[int]], samples: int, new_tokens: int, kv_mb: int,
-                  max_model_len: int, repeats: int) -> dict:
+                  max_model_len: int, repeats: int, ignore_eos: bool = True) -> dict:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams, TokensPrompt
 
@@ -195,7 +195,7 @@ def baseline_vllm(model_dir: str, prompts: list[list[int]], samples: int, new_to
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
     def timed(**extra) -> tuple[float, int]:
-        params = SamplingParams(n=samples, max_tokens=new_tokens, temperature=1.0, ignore_eos=True, **extra)
+        params = SamplingParams(n=samples, max_tokens=new_tokens, temperature=1.0, ignore_eos=ignore_eos, **extra)
         started = time.perf_counter()
         outs = llm.generate(inputs, params, use_tqdm=False)
         return time.perf_counter() - started, sum(len(c.token_ids) for o in outs for c in o.outputs)
@@ -250,6 +250,22 @@ def baseline_train(model_dir: str, prompts: list[list[int]], samples: int, new_t
             "tokens_per_seq_max": width, "threads": torch.get_num_threads()}
 
 
+def baseline_gemm(size: int, repeats: int) -> dict:
+    """This CPU's fp32 matrix-multiply rate with the threads the engines get: the peak a learner's FLOP/s is a share
+    of (a square ``size`` GEMM, median of ``repeats`` after one warm-up)."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - started)
+    seconds = statistics.median(times)
+    return {"size": size, "seconds": seconds, "gflops": 2 * size**3 / seconds / 1e9, "threads": torch.get_num_threads()}
+
+
 def run_baseline(kind: str, args_json: Path, out_json: Path) -> dict:
     env = dict(os.environ)
     threads = str(os.cpu_count() or 1)  # what the flow's policy actor gets (cluster.torch_threads default)
@@ -270,7 +286,9 @@ def baseline_main(args) -> None:
     spec = json.loads(Path(args._args).read_text())
     if args._baseline == "vllm":
         out = baseline_vllm(spec["model_dir"], spec["prompts"], spec["samples"], spec["new_tokens"], spec["kv_mb"],
-                            spec["max_model_len"], spec["repeats"])
+                            spec["max_model_len"], spec["repeats"], spec.get("ignore_eos", True))
+    elif args._baseline == "gemm":
+        out = baseline_gemm(spec.get("gemm_size", 2048), spec["repeats"])
     else:
         out = baseline_train(spec["model_dir"], spec["prompts"], spec["samples"], spec["new_tokens"],
                              spec["micro"], spec["pad_id"], spec["repeats"])
@@ -370,7 +388,7 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override of the flow, e.g. --set cluster.placement=split (repeatable)")
     parser.add_argument("--no-baselines", action="store_true", help="time the flow only")
-    parser.add_argument("--_baseline", choices=["vllm", "train"], help=argparse.SUPPRESS)
+    parser.add_argument("--_baseline", choices=["vllm", "train", "gemm"], help=argparse.SUPPRESS)
     parser.add_argument("--_args", help=argparse.SUPPRESS)
     parser.add_argument("--_out", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -1,6 +1,6 @@
 """This project against TRL's GRPOTrainer, side by side: same model, task and hyperparameters, one after the other.
 
-Two workloads:
+Three workloads:
 
 * ``tiny`` (default): the built-in task of ``configs/tiny.yaml`` (32 prompts x 8 samples, 16 new tokens, lr 1e-3
   cosine, clip 0.2, no KL, soft overlong punishment over the last 8 tokens), for the config's ``iterations``.
@@ -11,13 +11,21 @@ Two workloads:
   tokens, fp32; the model never emits EOS), a few steps each, plus the standalone vLLM generation + plain torch
   train step that ``iteration.py`` measures (``--no-baselines`` skips them).
 
+* ``smollm2``: the real model, ``configs/smollm2-arith.yaml`` (SmolLM2-135M-Instruct built by ``make model-smollm2``,
+  8 prompts x 8 samples, at most 64 new tokens, a worked example before each question, fp32) the same way as
+  ``tiny``, plus the engines' floors measured in the same call (``benchmarks/peers_floors.py``: standalone vLLM
+  generation, a standalone torch train step, the CPU's fp32 GEMM peak, the weight sync by broadcast and by files),
+  and the issue's table of ratios against its goals; the last line sums it up. ``--steps N`` shortens both runs
+  (the accuracy rows then compare what N steps reach).
+
 TRL runs in its own venv under ``.cache/peers/`` (created on first use: constraints ``torch==<this venv's
 torch>`` and ``transformers<5.20``, then ``pip install trl==TRL_VERSION``; the pip cache makes it about 40 s). What
 differs between the two sides (TRL's generation is HF ``generate``, its prompt order and sampling seeds are its
 own, its accuracy check is integer equality on the last ``\\boxed{}`` where the project uses math-verify) is printed
 with the figures.
 
-    .venv/bin/python benchmarks/peers.py [--workload tiny|reference] [--steps N] [--only ours|trl] [--json out.json]
+    .venv/bin/python benchmarks/peers.py [--workload tiny|reference|smollm2] [--steps N] [--only ours|trl]
+        [--no-baselines] [--json out.json]
 """
 from __future__ import annotations
 
@@ -35,6 +43,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 TRL_VERSION = "1.16.0"
+DEFAULT_CONFIG = "configs/tiny.yaml"
 TRL_VENV = REPO / ".cache/peers/trl-venv"
 ENV_DEFAULTS = {
     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(REPO / ".cache/hf"),
@@ -148,7 +157,8 @@ def _median(rows: list[dict], key: str) -> float | None:
 
 # ------------------------------------------------------------------------------------------------ workloads
 
-def tiny_workload(args, work: Path) -> dict:
+def config_workload(args, work: Path, name: str = "tiny") -> dict:
+    """Both sides on a project config (``tiny``, ``smollm2``)."""
     from grpo_core.config import load_config
     from grpo_core.data.prompts import DEFAULT_SYSTEM_PROMPTS
 
@@ -167,9 +177,10 @@ def tiny_workload(args, work: Path) -> dict:
         "samples": ro.samples_per_prompt, "max_new_tokens": ro.max_new_tokens, "clip": a.clip_eps_low,
         "loss_type": LOSS_TYPES[a.loss_agg_mode], "eval_interval": cfg.eval.interval,
         "soft_overlong_cache": a.soft_overlong_cache_length if a.soft_overlong else 0,
+        "few_shot": [t.model_dump() for t in cfg.data.few_shot],
         "output_dir": str(work / "trl-out"),
     }
-    result: dict = {"workload": "tiny", "config": args.config, "overrides": overrides, "spec": spec,
+    result: dict = {"workload": name, "config": args.config, "overrides": overrides, "spec": spec, "cfg": cfg,
                     "differences": [
                         "generation: TRL uses HF generate in the training process; the project vLLM in a Ray actor",
                         "prompt order and sampling seeds: each side's own (same data set, same batch shape)",
@@ -184,6 +195,36 @@ def tiny_workload(args, work: Path) -> dict:
     if args.only in (None, "ours"):
         print(f"peers: grpo train --config {args.config}, {cfg.iterations} iterations ...", flush=True)
         result["ours"] = run_ours(str(REPO / args.config), overrides, work)
+    return result
+
+
+def smollm2_workload(args, work: Path) -> dict:
+    """The ``tiny`` comparison on SmolLM2-135M-Instruct, then the floors and the sync by transport."""
+    import pyarrow.parquet as pq
+
+    from benchmarks.peers_floors import run_floors, sync_runs
+
+    if args.config == DEFAULT_CONFIG:
+        args.config = "configs/smollm2-arith.yaml"
+    model = REPO / ".cache/models/smollm2/grpo_build.json"
+    if not model.exists():
+        raise SystemExit(f"peers: {model.parent} is not built; run `make model-smollm2` first")
+    result = config_workload(args, work, "smollm2")
+    ours = result.get("ours", {})
+    rows = [r for r in ours.get("metrics", []) if r.get("time_total_s") is not None]
+    # what the learner processed: every trained sequence, prompt and response
+    tokens = {}
+    for r in rows:
+        path = work / "runs" / "peers" / f"iter-{r['iteration']:06d}" / "rollouts.parquet"
+        if path.exists():
+            t = pq.read_table(path, columns=["prompt_token_ids", "response_token_ids"])
+            tokens[r["iteration"]] = sum(len(p) + len(q) for p, q in zip(*(t.column(c).to_pylist()
+                                                                            for c in t.column_names)))
+    result["learner_tokens"] = tokens
+    if not args.no_baselines and rows:
+        response_mean = statistics.mean(r["response_length_mean"] for r in rows)
+        result["floors"] = run_floors(result["cfg"], response_mean, work)
+        result["sync"] = sync_runs(str(REPO / args.config), result["overrides"], work, run_ours)
     return result
 
 
@@ -251,7 +292,7 @@ def report(result: dict, target: float) -> None:
     if ours.get("error"):
         print("OURS FAILED: " + str(ours["error"])[-3000:])
     rows = [r for r in ours.get("metrics", []) if r.get("time_total_s") is not None]
-    if result["workload"] == "tiny":
+    if result["workload"] in ("tiny", "smollm2"):
         t = summarise(trl.get("steps", []), trl.get("evals", []), target) if trl.get("steps") else {}
         o = ours_summary(ours.get("metrics", []), target) if rows else {}
         print("-" * 88)
@@ -289,27 +330,114 @@ def report(result: dict, target: float) -> None:
                 "time_rollout_s", "time_score_s", "time_train_s", "time_sync_s", "time_sync_check_s",
                 "time_overhead_s", "time_total_s")))
     print("differences: " + "; ".join(result["differences"]))
+    if result["workload"] == "smollm2":
+        goals_table(result, rows)
     print("=" * 88)
+
+
+def _params(model_dir: str) -> int:
+    """Parameters of the model's safetensors (a tied output layer counted once: it is the embedding)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in Path(model_dir).glob("*.safetensors"):
+        with safe_open(str(path), "pt") as fh:
+            for name in fh.keys():
+                n = 1
+                for d in fh.get_slice(name).get_shape():
+                    n *= d
+                total += n
+    return total
+
+
+def goals_table(result: dict, rows: list[dict]) -> None:
+    """The issue's figures against their goals, then one summary line."""
+    trl = result.get("trl", {})
+    t = summarise(trl.get("steps", []), trl.get("evals", []), 1.0) if trl.get("steps") else {}
+    o = ours_summary(result.get("ours", {}).get("metrics", []), 1.0) if rows else {}
+    steady = [r for r in rows if r["iteration"] >= 1] or rows
+    floors, sync = result.get("floors", {}), result.get("sync", {})
+    gen, trn, gemm = floors.get("gen", {}), floors.get("train", {}), floors.get("gemm", {})
+    lines, summary = [], []
+
+    def add(label: str, value, goal: str, key: str, fmt: str = ".2f", suffix: str = "x") -> None:
+        shown = format(value, fmt) + suffix if isinstance(value, (int, float)) else "n/a"
+        lines.append(f"{label:<62}{shown:>10}   {goal}")
+        summary.append(f"{key} {shown}")
+
+    # 1. seconds per iteration against TRL's step
+    add("s per iteration / TRL s per step (median, steps 2..)",
+        o.get("step_s") / t["step_s"] if o.get("step_s") and t.get("step_s") else None, "goal <= 0.5x", "step")
+    # 2. training time to the best held-out greedy accuracy TRL reached
+    best = t.get("best_eval")
+    if best is not None and best > 0:
+        oh = ours_summary(result["ours"].get("metrics", []), best)
+        th = summarise(trl["steps"], trl["evals"], best)
+        ratio = oh["target_s"] / th["target_s"] if oh.get("target_s") is not None and th.get("target_s") else None
+        add(f"training s to TRL's best greedy eval {best:.3f}: ours / TRL"
+            + ("" if oh.get("target_s") is not None else " (ours never reached it)"), ratio, "goal <= 0.5x", "to-acc")
+    else:
+        add("training s to TRL's best greedy eval (TRL reached none)", None, "goal <= 0.5x", "to-acc")
+    # 3. the engines' floor
+    floor = (gen.get("generate_s") or 0) + (trn.get("step_s") or 0) if gen.get("generate_s") and trn.get("step_s") \
+        else None
+    add(f"iteration / (standalone generate {_f(gen.get('generate_s'))} + train step {_f(trn.get('step_s'))} s)",
+        o.get("step_s") / floor if o.get("step_s") and floor else None, "goal <= 1.05x", "floor")
+    # 4. learner tokens/s against a plain torch loop; 5. its FLOP/s against the GEMM peak
+    tokens = result.get("learner_tokens", {})
+    rates = [tokens[r["iteration"]] / r["time_train_s"] for r in steady if r["iteration"] in tokens
+             and r.get("time_train_s")]
+    ours_rate = statistics.median(rates) if rates else None
+    torch_rate = floors.get("train_tokens") / trn["step_s"] if trn.get("step_s") else None
+    add(f"learner tokens/s {_f(ours_rate, '.0f')} / plain torch loop {_f(torch_rate, '.0f')}",
+        ours_rate / torch_rate if ours_rate and torch_rate else None, "goal >= 0.9x", "learner")
+    params = _params(str(REPO / ".cache/models/smollm2"))
+    flops = 6 * params * ours_rate if ours_rate else None
+    add(f"learner GFLOP/s (6 x {params / 1e6:.1f}M x tokens/s) / fp32 GEMM peak {_f(gemm.get('gflops'), '.1f')}",
+        100 * flops / 1e9 / gemm["gflops"] if flops and gemm.get("gflops") else None, "report; goal >= 30%", "mfu",
+        ".1f", "%")
+    # 6. weight sync
+    inproc = _median(steady, "time_sync_s")
+    add(f"sync in-process {_f(inproc)} s / iteration {_f(o.get('step_s'))} s",
+        100 * inproc / o["step_s"] if inproc and o.get("step_s") else None, "goal <= 5%", "sync-inproc", ".1f", "%")
+    for transport in ("broadcast", "files"):
+        add(f"sync by {transport} (split placement), s", sync.get(transport, {}).get("sync_s"), "report",
+            f"sync-{transport}", ".2f", "s")
+    # 7. sampler tokens/s through the flow against standalone vLLM
+    flow_rates = [r["rollout_tokens"] / r["time_rollout_s"] for r in steady if r.get("rollout_tokens")
+                  and r.get("time_rollout_s")]
+    flow_rate = statistics.median(flow_rates) if flow_rates else None
+    alone = gen["tokens"] / gen["generate_s"] if gen.get("tokens") and gen.get("generate_s") else None
+    add(f"sampler tokens/s in the flow {_f(flow_rate, '.0f')} / standalone vLLM {_f(alone, '.0f')}",
+        flow_rate / alone if flow_rate and alone else None, "goal >= 0.95x", "sampler")
+    print("-" * 88)
+    print("goals (issue 21), fp32 on this CPU:")
+    for line in lines:
+        print("  " + line)
+    print("summary: smollm2 " + " | ".join(summary))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=["tiny", "reference"], default="tiny")
-    parser.add_argument("--config", default="configs/tiny.yaml", help="tiny workload: the project's config")
+    parser.add_argument("--workload", choices=["tiny", "reference", "smollm2"], default="tiny")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="tiny and smollm2 workloads: the project's config (smollm2: configs/smollm2-arith.yaml)")
     parser.add_argument("--steps", type=int, default=None,
                         help="steps of each side (tiny: the config's iterations; reference: 4)")
     parser.add_argument("--target", type=float, default=0.8, help="greedy eval accuracy to reach (tiny)")
     parser.add_argument("--only", choices=["ours", "trl"], default=None, help="run one side only")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override of the project's side (repeatable)")
-    parser.add_argument("--no-baselines", action="store_true", help="reference: skip the standalone baselines")
+    parser.add_argument("--no-baselines", action="store_true",
+                        help="reference, smollm2: skip the standalone baselines (and smollm2's sync runs)")
     parser.add_argument("--json", help="also write every figure to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder")
     args = parser.parse_args()
     from benchmarks.workdir import work_folder
 
     with work_folder("bench-peers-", args.keep) as work:
-        result = tiny_workload(args, work) if args.workload == "tiny" else reference_workload(args, work)
+        workloads = {"tiny": config_workload, "reference": reference_workload, "smollm2": smollm2_workload}
+        result = workloads[args.workload](args, work)
         report(result, args.target)
         if args.json:
             Path(args.json).write_text(json.dumps(result, default=str, indent=1))

@@ -43,9 +43,10 @@ def same_answer(answer: str | None, gold: str) -> bool:
         return a == g
 
 
-def read_rows(path: str, system_prompt: str | None) -> list[dict]:
+def read_rows(path: str, system_prompt: str | None, few_shot: list[dict] | None = None) -> list[dict]:
     """The project's jsonl rows (``messages`` a turn or a list of turns, ``gt_answer``) as TRL conversational
-    prompts, with the system turn the project adds for the ``boxed`` reward type."""
+    prompts, with the system turn the project adds for the ``boxed`` reward type and the config's worked examples
+    (``data.few_shot``) between it and the question, as the project renders them."""
     rows = []
     with open(path) as fh:
         for line in fh:
@@ -54,8 +55,10 @@ def read_rows(path: str, system_prompt: str | None) -> list[dict]:
             row = json.loads(line)
             turns = row["messages"] if isinstance(row["messages"], list) else [row["messages"]]
             turns = [dict(t) for t in turns]
-            if system_prompt and not any(t.get("role") == "system" for t in turns):
-                turns = [{"role": "system", "content": system_prompt}] + turns
+            system = [t for t in turns if t.get("role") == "system"]
+            if system_prompt and not system:
+                system = [{"role": "system", "content": system_prompt}]
+            turns = system + [dict(t) for t in few_shot or ()] + [t for t in turns if t.get("role") != "system"]
             rows.append({"prompt": turns, "answer": str(row["gt_answer"])})
     return rows
 
@@ -78,8 +81,9 @@ def main() -> None:
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
-    train_rows = read_rows(spec["train_path"], spec.get("system_prompt"))
-    eval_rows = read_rows(spec["eval_path"], spec.get("system_prompt")) if spec.get("eval_path") else []
+    train_rows = read_rows(spec["train_path"], spec.get("system_prompt"), spec.get("few_shot"))
+    eval_rows = read_rows(spec["eval_path"], spec.get("system_prompt"), spec.get("few_shot")) \
+        if spec.get("eval_path") else []
 
     def accuracy(completions, answer, **_):
         return [1.0 if same_answer(LAST_BOXED(c[0]["content"]), g) else 0.0 for c, g in zip(completions, answer)]
