@@ -184,13 +184,16 @@ def run_flow(model_dir: Path, root: Path, shape: dict, iterations: int, kv_mb: i
 # ------------------------------------------------------------------------------------------------ baselines
 
 def baseline_vllm(model_dir: str, prompts: list[list[int]], samples: int, new_tokens: int, kv_mb: int,
-                  max_model_len: int, repeats: int, ignore_eos: bool = True) -> dict:
+                  max_model_len: int, repeats: int, ignore_eos: bool = True, engine: dict | None = None) -> dict:
+    """``engine``: more of vLLM's engine arguments (the smollm2 floor gives the sampler's own: prefix caching with
+    its block size, no chunked prefill)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams, TokensPrompt
 
     t0 = time.perf_counter()
     llm = LLM(model=model_dir, enforce_eager=True, distributed_executor_backend="uni",
-              kv_cache_memory_bytes=kv_mb * 2**20, dtype="float32", max_model_len=max_model_len, seed=0)
+              kv_cache_memory_bytes=kv_mb * 2**20, dtype="float32", max_model_len=max_model_len, seed=0,
+              **(engine or {}))
     load = time.perf_counter() - t0
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
@@ -286,7 +289,7 @@ def baseline_main(args) -> None:
     spec = json.loads(Path(args._args).read_text())
     if args._baseline == "vllm":
         out = baseline_vllm(spec["model_dir"], spec["prompts"], spec["samples"], spec["new_tokens"], spec["kv_mb"],
-                            spec["max_model_len"], spec["repeats"], spec.get("ignore_eos", True))
+                            spec["max_model_len"], spec["repeats"], spec.get("ignore_eos", True), spec.get("engine"))
     elif args._baseline == "gemm":
         out = baseline_gemm(spec.get("gemm_size", 2048), spec["repeats"])
     else:

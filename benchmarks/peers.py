@@ -212,15 +212,18 @@ def smollm2_workload(args, work: Path) -> dict:
     result = config_workload(args, work, "smollm2")
     ours = result.get("ours", {})
     rows = [r for r in ours.get("metrics", []) if r.get("time_total_s") is not None]
-    # what the learner processed: every trained sequence, prompt and response
-    tokens = {}
+    # What the learner trained on: every sequence, prompt and response ("logical" tokens, what a plain loop
+    # computes), and what it had to compute with each group's prompt once (train.pack_prompts; the FLOP count).
+    logical, packed = {}, {}
     for r in rows:
         path = work / "runs" / "peers" / f"iter-{r['iteration']:06d}" / "rollouts.parquet"
         if path.exists():
-            t = pq.read_table(path, columns=["prompt_token_ids", "response_token_ids"])
-            tokens[r["iteration"]] = sum(len(p) + len(q) for p, q in zip(*(t.column(c).to_pylist()
-                                                                            for c in t.column_names)))
-    result["learner_tokens"] = tokens
+            t = pq.read_table(path, columns=["group_id", "prompt_token_ids", "response_token_ids"]).to_pydict()
+            prompts = {g: len(p) for g, p in zip(t["group_id"], t["prompt_token_ids"])}
+            responses = sum(map(len, t["response_token_ids"]))
+            logical[r["iteration"]] = sum(map(len, t["prompt_token_ids"])) + responses
+            packed[r["iteration"]] = sum(prompts.values()) + responses
+    result["learner_tokens"], result["learner_tokens_packed"] = logical, packed
     if not args.no_baselines and rows:
         response_mean = statistics.mean(r["response_length_mean"] for r in rows)
         result["floors"] = run_floors(result["cfg"], response_mean, work)
@@ -335,21 +338,6 @@ def report(result: dict, target: float) -> None:
     print("=" * 88)
 
 
-def _params(model_dir: str) -> int:
-    """Parameters of the model's safetensors (a tied output layer counted once: it is the embedding)."""
-    from safetensors import safe_open
-
-    total = 0
-    for path in Path(model_dir).glob("*.safetensors"):
-        with safe_open(str(path), "pt") as fh:
-            for name in fh.keys():
-                n = 1
-                for d in fh.get_slice(name).get_shape():
-                    n *= d
-                total += n
-    return total
-
-
 def goals_table(result: dict, rows: list[dict]) -> None:
     """The issue's figures against their goals, then one summary line."""
     trl = result.get("trl", {})
@@ -391,9 +379,13 @@ def goals_table(result: dict, rows: list[dict]) -> None:
     torch_rate = floors.get("train_tokens") / trn["step_s"] if trn.get("step_s") else None
     add(f"learner tokens/s {_f(ours_rate, '.0f')} / plain torch loop {_f(torch_rate, '.0f')}",
         ours_rate / torch_rate if ours_rate and torch_rate else None, "goal >= 0.9x", "learner")
-    params = _params(str(REPO / ".cache/models/smollm2"))
-    flops = 6 * params * ours_rate if ours_rate else None
-    add(f"learner GFLOP/s (6 x {params / 1e6:.1f}M x tokens/s) / fp32 GEMM peak {_f(gemm.get('gflops'), '.1f')}",
+    packed = result.get("learner_tokens_packed", {})
+    packed_rates = [packed[r["iteration"]] / r["time_train_s"] for r in steady if r["iteration"] in packed
+                    and r.get("time_train_s")]
+    params = floors.get("params")
+    flops = 6 * params * statistics.median(packed_rates) if packed_rates and params else None
+    add(f"learner GFLOP/s {_f(flops / 1e9 if flops else None, '.1f')} (6 x {_f(params / 1e6 if params else None, '.1f')}M"
+        f" x tokens/s, each group's prompt once) / fp32 GEMM peak {_f(gemm.get('gflops'), '.1f')}",
         100 * flops / 1e9 / gemm["gflops"] if flops and gemm.get("gflops") else None, "report; goal >= 30%", "mfu",
         ".1f", "%")
     # 6. weight sync

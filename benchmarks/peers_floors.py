@@ -3,7 +3,9 @@ measured in the same call, and the weight sync by each transport.
 
 * generation: plain in-process vLLM on the run's first prompts (rendered as the flow renders them: system prompt,
   worked example, chat template), the same sampling (n = samples per prompt, temperature 1, max new tokens, EOS
-  allowed), fp32;
+  allowed), fp32, with the engine settings the project's sampler uses (prefix caching, so that a prompt's samples
+  share its prefill, with the CPU block size; no chunked prefill): the floor is vLLM at its best here, not vLLM's
+  defaults;
 * a train step: plain torch (HF model, AdamW, the flow's micro-batch, one optimizer step) over as many sequences of
   prompt + the flow's mean response length;
 * the CPU's GEMM peak: a 2048 x 2048 fp32 ``torch.mm`` with the engines' threads;
@@ -19,6 +21,7 @@ import statistics
 from pathlib import Path
 
 import benchmarks.iteration as bi
+from grpo_core.rollout.sampler import CPU_PREFIX_BLOCK
 
 
 def rendered_prompts(cfg) -> list[list[int]]:
@@ -53,7 +56,9 @@ def run_floors(cfg, response_mean: float, work: Path, repeats: int = 2) -> dict:
     base = {"model_dir": _model_dir(cfg), "prompts": prompts, "samples": ro.samples_per_prompt,
             "new_tokens": ro.max_new_tokens, "kv_mb": ro.kv_cache_mb, "max_model_len": longest + 16,
             "micro": cfg.micro_batch_size, "pad_id": model_cfg.pad_token_id or model_cfg.eos_token_id or 0,
-            "repeats": repeats, "ignore_eos": False}
+            "repeats": repeats, "ignore_eos": False,
+            "engine": {"enable_prefix_caching": True, "block_size": CPU_PREFIX_BLOCK, "enable_chunked_prefill": False,
+                       "max_num_batched_tokens": max(8192, longest + 16)}}
     (work / "floor-gen.json").write_text(json.dumps(base))
     train = dict(base, new_tokens=max(1, round(response_mean)))
     (work / "floor-train.json").write_text(json.dumps(train))
@@ -66,7 +71,24 @@ def run_floors(cfg, response_mean: float, work: Path, repeats: int = 2) -> dict:
     (work / "floor-gemm.json").write_text(json.dumps({"repeats": 5, "gemm_size": 2048}))
     out["gemm"] = bi.run_baseline("gemm", work / "floor-gemm.json", work / "floor-gemm-out.json")
     out["train_tokens"] = len(prompts) * ro.samples_per_prompt * (out["prompt_tokens_mean"] + train["new_tokens"])
+    out["params"] = model_params(_model_dir(cfg))
     return out
+
+
+def model_params(model_dir: str) -> int:
+    """Parameters in the model's safetensors (a tied output layer counted once: it is the embedding)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in Path(model_dir).glob("*.safetensors"):
+        with safe_open(str(path), "pt") as fh:
+            for name in fh.keys():
+                n = 1
+                for d in fh.get_slice(name).get_shape():
+                    n *= d
+                total += n
+    return total
+
 
 
 def sync_runs(config_path: str, overrides: list[str], work: Path, run_ours, iterations: int = 3) -> dict:
