@@ -184,9 +184,12 @@ def run_flow(model_dir: Path, root: Path, shape: dict, iterations: int, kv_mb: i
 # ------------------------------------------------------------------------------------------------ baselines
 
 def baseline_vllm(model_dir: str, prompts: list[list[int]], samples: int, new_tokens: int, kv_mb: int,
-                  max_model_len: int, repeats: int, ignore_eos: bool = True, engine: dict | None = None) -> dict:
+                  max_model_len: int, repeats: int, ignore_eos: bool = True, engine: dict | None = None,
+                  seeds: list[int] | None = None) -> dict:
     """``engine``: more of vLLM's engine arguments (the smollm2 floor gives the sampler's own: prefix caching with
-    its block size, no chunked prefill)."""
+    its block size, no chunked prefill). ``seeds``: also time the requests the flow's sampler makes of its first
+    iteration (a seed per prompt, which exact resume needs, and each token's logprob, which the off-policy checks
+    need): the same tokens as that iteration, so the two times compare the same work."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams, TokensPrompt
 
@@ -206,9 +209,24 @@ def baseline_vllm(model_dir: str, prompts: list[list[int]], samples: int, new_to
     warm, _ = timed()
     plain = [timed() for _ in range(repeats)]
     with_lp = [timed(logprobs=0) for _ in range(repeats)]
-    return {"load_s": load, "warmup_s": warm, "generate_s": statistics.median(t for t, _ in plain),
-            "generate_all_s": [t for t, _ in plain], "tokens": plain[0][1],
-            "generate_logprobs_s": statistics.median(t for t, _ in with_lp)}
+    out = {"load_s": load, "warmup_s": warm, "generate_s": statistics.median(t for t, _ in plain),
+           "generate_all_s": [t for t, _ in plain], "tokens": plain[0][1],
+           "generate_logprobs_s": statistics.median(t for t, _ in with_lp)}
+    if seeds is not None:
+        from grpo_core.rollout.sampler import _FAST_LOGPROBS
+
+        def flow_requests() -> tuple[float, int]:
+            params = [SamplingParams(n=samples, max_tokens=new_tokens, temperature=1.0, ignore_eos=ignore_eos,
+                                     seed=seed, **_FAST_LOGPROBS) for seed in seeds]
+            llm.reset_prefix_cache()  # as the sampler does before each batch
+            started = time.perf_counter()
+            outs = llm.generate(inputs, params, use_tqdm=False)
+            return time.perf_counter() - started, sum(len(c.token_ids) for o in outs for c in o.outputs)
+
+        flow = [flow_requests() for _ in range(repeats)]
+        out.update(generate_flow_s=statistics.median(t for t, _ in flow), generate_flow_all_s=[t for t, _ in flow],
+                   tokens_flow=flow[0][1])
+    return out
 
 
 def baseline_train(model_dir: str, prompts: list[list[int]], samples: int, new_tokens: int, micro: int,
@@ -289,7 +307,8 @@ def baseline_main(args) -> None:
     spec = json.loads(Path(args._args).read_text())
     if args._baseline == "vllm":
         out = baseline_vllm(spec["model_dir"], spec["prompts"], spec["samples"], spec["new_tokens"], spec["kv_mb"],
-                            spec["max_model_len"], spec["repeats"], spec.get("ignore_eos", True), spec.get("engine"))
+                            spec["max_model_len"], spec["repeats"], spec.get("ignore_eos", True), spec.get("engine"),
+                            spec.get("seeds"))
     elif args._baseline == "gemm":
         out = baseline_gemm(spec.get("gemm_size", 2048), spec["repeats"])
     else:

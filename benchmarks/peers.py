@@ -226,9 +226,20 @@ def smollm2_workload(args, work: Path) -> dict:
     result["learner_tokens"], result["learner_tokens_packed"] = logical, packed
     if not args.no_baselines and rows:
         response_mean = statistics.mean(r["response_length_mean"] for r in rows)
-        result["floors"] = run_floors(result["cfg"], response_mean, work)
+        result["floors"] = run_floors(result["cfg"], response_mean, work, prompts=first_prompts(work))
         result["sync"] = sync_runs(str(REPO / args.config), result["overrides"], work, run_ours)
     return result
+
+
+def first_prompts(work: Path) -> list[list[int]] | None:
+    """The prompts of the flow's iteration 0, group by group (what its seeds were given for)."""
+    import pyarrow.parquet as pq
+
+    path = work / "runs" / "peers" / "iter-000000" / "rollouts.parquet"
+    if not path.exists():
+        return None
+    t = pq.read_table(path, columns=["group_id", "prompt_token_ids"]).to_pydict()
+    return [p for _, p in sorted(dict(zip(t["group_id"], t["prompt_token_ids"])).items())]
 
 
 def reference_workload(args, work: Path) -> dict:
@@ -402,6 +413,15 @@ def goals_table(result: dict, rows: list[dict]) -> None:
     alone = gen["tokens"] / gen["generate_s"] if gen.get("tokens") and gen.get("generate_s") else None
     add(f"sampler tokens/s in the flow {_f(flow_rate, '.0f')} / standalone vLLM {_f(alone, '.0f')}",
         flow_rate / alone if flow_rate and alone else None, "goal >= 0.95x", "sampler")
+    # the same work: iteration 0's prompts, weights, seeds and logprobs, so the same tokens
+    first = next((r for r in rows if r["iteration"] == 0 and r.get("rollout_tokens") and r.get("time_rollout_s")),
+                 None)
+    same = gen.get("tokens_flow") / gen["generate_flow_s"] if gen.get("tokens_flow") and gen.get("generate_flow_s") \
+        else None
+    rate0 = first["rollout_tokens"] / first["time_rollout_s"] if first else None
+    add(f"  iteration 0 in the flow {_f(rate0, '.0f')} / vLLM given its requests {_f(same, '.0f')} (tokens "
+        f"{first['rollout_tokens'] if first else 'n/a'} / {gen.get('tokens_flow', 'n/a')})",
+        rate0 / same if rate0 and same else None, "goal >= 0.95x", "sampler-same")
     print("-" * 88)
     print("goals (issue 21), fp32 on this CPU:")
     for line in lines:

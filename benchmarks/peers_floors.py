@@ -1,11 +1,12 @@
 """The engines' floors for ``benchmarks/peers.py --workload smollm2``: what the flow's work costs done standalone,
 measured in the same call, and the weight sync by each transport.
 
-* generation: plain in-process vLLM on the run's first prompts (rendered as the flow renders them: system prompt,
-  worked example, chat template), the same sampling (n = samples per prompt, temperature 1, max new tokens, EOS
+* generation: plain in-process vLLM on the prompts of the run's first iteration (as the flow rendered them: system
+  prompt, worked example, chat template), the same sampling (n = samples per prompt, temperature 1, max new tokens, EOS
   allowed), fp32, with the engine settings the project's sampler uses (prefix caching, so that a prompt's samples
   share its prefill, with the CPU block size; no chunked prefill): the floor is vLLM at its best here, not vLLM's
-  defaults;
+  defaults; then the requests the flow's sampler makes of its first iteration (the same seeds, with logprobs), which
+  give that iteration's very tokens;
 * a train step: plain torch (HF model, AdamW, the flow's micro-batch, one optimizer step) over as many sequences of
   prompt + the flow's mean response length;
 * the CPU's GEMM peak: a 2048 x 2048 fp32 ``torch.mm`` with the engines' threads;
@@ -21,6 +22,7 @@ import statistics
 from pathlib import Path
 
 import benchmarks.iteration as bi
+from grpo_core.roles.sampler import sampling_seed
 from grpo_core.rollout.sampler import CPU_PREFIX_BLOCK
 
 
@@ -44,12 +46,14 @@ def _model_dir(cfg) -> str:
     return str((bi.REPO / cfg.model.path).resolve())
 
 
-def run_floors(cfg, response_mean: float, work: Path, repeats: int = 2) -> dict:
+def run_floors(cfg, response_mean: float, work: Path, repeats: int = 2,
+               prompts: list[list[int]] | None = None) -> dict:
     """Standalone generation, train step and GEMM peak for ``cfg`` (``response_mean``: the flow's mean response
-    length, the standalone train step's response length)."""
+    length, the standalone train step's response length). ``prompts``: the flow's first iteration's, group by
+    group (default: the train set's first rows, rendered as the flow renders them)."""
     from transformers import AutoConfig
 
-    prompts = rendered_prompts(cfg)
+    prompts = prompts or rendered_prompts(cfg)
     ro = cfg.rollout
     longest = max(map(len, prompts)) + ro.max_new_tokens
     model_cfg = AutoConfig.from_pretrained(_model_dir(cfg))
@@ -57,6 +61,7 @@ def run_floors(cfg, response_mean: float, work: Path, repeats: int = 2) -> dict:
             "new_tokens": ro.max_new_tokens, "kv_mb": ro.kv_cache_mb, "max_model_len": longest + 16,
             "micro": cfg.micro_batch_size, "pad_id": model_cfg.pad_token_id or model_cfg.eos_token_id or 0,
             "repeats": repeats, "ignore_eos": False,
+            "seeds": [sampling_seed(cfg.seed, 0, group) for group in range(len(prompts))],
             "engine": {"enable_prefix_caching": True, "block_size": CPU_PREFIX_BLOCK, "enable_chunked_prefill": False,
                        "max_num_batched_tokens": max(8192, longest + 16)}}
     (work / "floor-gen.json").write_text(json.dumps(base))
