@@ -200,30 +200,27 @@ def baseline_vllm(model_dir: str, prompts: list[list[int]], samples: int, new_to
     load = time.perf_counter() - t0
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
-    def timed(**extra) -> tuple[float, int]:
-        params = SamplingParams(n=samples, max_tokens=new_tokens, temperature=1.0, ignore_eos=ignore_eos, **extra)
+    def timed(params, fresh_cache: bool = False) -> tuple[float, int]:
+        if fresh_cache:
+            llm.reset_prefix_cache()  # as the sampler does before each batch
         started = time.perf_counter()
         outs = llm.generate(inputs, params, use_tqdm=False)
         return time.perf_counter() - started, sum(len(c.token_ids) for o in outs for c in o.outputs)
 
-    warm, _ = timed()
-    plain = [timed() for _ in range(repeats)]
-    with_lp = [timed(logprobs=0) for _ in range(repeats)]
+    def sampling(**extra):
+        return SamplingParams(n=samples, max_tokens=new_tokens, temperature=1.0, ignore_eos=ignore_eos, **extra)
+
+    warm, _ = timed(sampling())
+    plain = [timed(sampling()) for _ in range(repeats)]
+    with_lp = [timed(sampling(logprobs=0)) for _ in range(repeats)]
     out = {"load_s": load, "warmup_s": warm, "generate_s": statistics.median(t for t, _ in plain),
            "generate_all_s": [t for t, _ in plain], "tokens": plain[0][1],
            "generate_logprobs_s": statistics.median(t for t, _ in with_lp)}
     if seeds is not None:
         from grpo_core.rollout.sampler import _FAST_LOGPROBS
 
-        def flow_requests() -> tuple[float, int]:
-            params = [SamplingParams(n=samples, max_tokens=new_tokens, temperature=1.0, ignore_eos=ignore_eos,
-                                     seed=seed, **_FAST_LOGPROBS) for seed in seeds]
-            llm.reset_prefix_cache()  # as the sampler does before each batch
-            started = time.perf_counter()
-            outs = llm.generate(inputs, params, use_tqdm=False)
-            return time.perf_counter() - started, sum(len(c.token_ids) for o in outs for c in o.outputs)
-
-        flow = [flow_requests() for _ in range(repeats)]
+        requests = [sampling(seed=seed, **_FAST_LOGPROBS) for seed in seeds]
+        flow = [timed(requests, fresh_cache=True) for _ in range(repeats)]
         out.update(generate_flow_s=statistics.median(t for t, _ in flow), generate_flow_all_s=[t for t, _ in flow],
                    tokens_flow=flow[0][1])
     return out
@@ -271,12 +268,12 @@ def baseline_train(model_dir: str, prompts: list[list[int]], samples: int, new_t
             "tokens_per_seq_max": width, "threads": torch.get_num_threads()}
 
 
-def baseline_gemm(size: int, repeats: int) -> dict:
-    """This CPU's fp32 matrix-multiply rate with the threads the engines get: the peak a learner's FLOP/s is a share
-    of (a square ``size`` GEMM, median of ``repeats`` after one warm-up)."""
+def baseline_gemm(size: int, repeats: int, dtype: str = "float32") -> dict:
+    """This CPU's matrix-multiply rate with the threads the engines get: the peak a learner's FLOP/s is a share
+    of (a square ``size`` GEMM in ``dtype``, median of ``repeats`` after one warm-up)."""
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    a, b = (torch.randn(size, size, dtype=getattr(torch, dtype)) for _ in range(2))
     torch.mm(a, b)
     times = []
     for _ in range(repeats):

@@ -37,16 +37,8 @@ ATTENTION_OPS = ("scaled_dot_product", "flash_attention")
 
 
 def build_learner(args: argparse.Namespace):
-    from grpo_core.config import build_config
-    from grpo_core.train.learner import Learner, LearnerSpec
-
-    cfg = build_config({"model": {"path": args.model}, "data": {"train_path": "t", "max_prompt_tokens": 192},
-                        "rollout": {"prompts_per_iteration": args.prompts, "samples_per_prompt": args.samples,
-                                    "max_new_tokens": args.max_new_tokens},
-                        "train": {"lr": 3e-6, "micro_batch_size": args.micro, "grad_clip": 1.0}})
-    return Learner(LearnerSpec(model_path=args.model, total_steps=10, pack_prompts=True,
-                               max_new_tokens=args.max_new_tokens), cfg.algo, cfg.train,
-                   micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
+    """The demo's learner (``train.pack_prompts`` on by default, the demo's gradient clipping)."""
+    return micro_batches.build_learner(args, grad_clip=1.0)[0]
 
 
 class PhaseClock:
@@ -107,16 +99,6 @@ def profile_step(learner, batch, top: int) -> None:
               f"  x{e.count}")
 
 
-def bf16_gemm_gflops(size: int) -> float:
-    import torch
-
-    a, b = torch.randn(size, size, dtype=torch.bfloat16), torch.randn(size, size, dtype=torch.bfloat16)
-    torch.mm(a, b)
-    started = time.perf_counter()
-    torch.mm(a, b)
-    return 2 * size**3 / (time.perf_counter() - started) / 1e9
-
-
 def report(label: str, steps: list[dict]) -> dict:
     med = {k: statistics.median(s[k] for s in steps[1:] or steps) for k in ("total", "forward", "backward", "step")}
     print(f"{label:<10} step {med['total']:.2f} s: forward + loss {med['forward']:.2f}, backward {med['backward']:.2f},"
@@ -162,7 +144,7 @@ def main() -> int:
     print(f"learner: 6 x {params / 1e6:.1f}M x {packed_tokens} tokens / {eager['total']:.2f} s = {gflops:.1f} GFLOP/s;"
           f" fp32 GEMM peak ({args.gemm}^3, {gemm['threads']} threads) {gemm['gflops']:.1f} GFLOP/s: "
           f"{100 * gflops / gemm['gflops']:.1f}%")
-    print(f"bf16 GEMM here (512^3): {bf16_gemm_gflops(512):.2f} GFLOP/s (a CPU without AMX or AVX-512 BF16 has no "
+    print(f"bf16 GEMM here (512^3): {baseline_gemm(512, 1, 'bfloat16')['gflops']:.2f} GFLOP/s (a CPU without AMX or AVX-512 BF16 has no "
           "fast bf16 kernel: bf16 is a lever only where it has)")
     if args.compile:
         del learner, clock

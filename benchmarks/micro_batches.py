@@ -82,20 +82,27 @@ def before_padded_frac(batch, micro: int) -> float:
     return 1.0 - float(batch.lengths.sum()) / (len(batch) * int(batch.lengths.max()))
 
 
-def step(args: argparse.Namespace, batch, budget: int | None, pack: bool) -> dict:
+def build_learner(args: argparse.Namespace, **train):
+    """One DeepSpeed learner as the demo builds it (float32, lr 3e-6, ``args.micro`` rows a micro-batch), with
+    ``train`` overriding fields of ``train``; returns (learner, config)."""
     from grpo_core.config import build_config
-    from grpo_core.train.batch import plan_micro_batches
     from grpo_core.train.learner import Learner, LearnerSpec
 
-    n = len(batch)
     cfg = build_config({"model": {"path": args.model}, "data": {"train_path": "t", "max_prompt_tokens": 192},
                         "rollout": {"prompts_per_iteration": args.prompts, "samples_per_prompt": args.samples,
                                     "max_new_tokens": args.max_new_tokens},
-                        "train": {"lr": 3e-6, "micro_batch_size": args.micro, "max_tokens_per_microbatch": budget,
-                                  "pack_prompts": pack}})
-    learner = Learner(LearnerSpec(model_path=args.model, total_steps=10, pack_prompts=pack,
+                        "train": {"lr": 3e-6, "micro_batch_size": args.micro, **train}})
+    learner = Learner(LearnerSpec(model_path=args.model, total_steps=10, pack_prompts=cfg.train.pack_prompts,
                                   max_new_tokens=args.max_new_tokens), cfg.algo, cfg.train,
                       micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
+    return learner, cfg
+
+
+def step(args: argparse.Namespace, batch, budget: int | None, pack: bool) -> dict:
+    from grpo_core.train.batch import plan_micro_batches
+
+    n = len(batch)
+    learner, cfg = build_learner(args, max_tokens_per_microbatch=budget, pack_prompts=pack)
     seconds = []
     for _ in range(args.repeats):
         started = time.perf_counter()

@@ -214,32 +214,24 @@ def smollm2_workload(args, work: Path) -> dict:
     rows = [r for r in ours.get("metrics", []) if r.get("time_total_s") is not None]
     # What the learner trained on: every sequence, prompt and response ("logical" tokens, what a plain loop
     # computes), and what it had to compute with each group's prompt once (train.pack_prompts; the FLOP count).
-    logical, packed = {}, {}
+    # Iteration 0's prompts, group by group (what its seeds were given for), are the floors' prompts.
+    logical, packed, first_prompts = {}, {}, None
     for r in rows:
         path = work / "runs" / "peers" / f"iter-{r['iteration']:06d}" / "rollouts.parquet"
         if path.exists():
             t = pq.read_table(path, columns=["group_id", "prompt_token_ids", "response_token_ids"]).to_pydict()
-            prompts = {g: len(p) for g, p in zip(t["group_id"], t["prompt_token_ids"])}
+            prompts = dict(zip(t["group_id"], t["prompt_token_ids"]))
             responses = sum(map(len, t["response_token_ids"]))
             logical[r["iteration"]] = sum(map(len, t["prompt_token_ids"])) + responses
-            packed[r["iteration"]] = sum(prompts.values()) + responses
+            packed[r["iteration"]] = sum(map(len, prompts.values())) + responses
+            if r["iteration"] == 0:
+                first_prompts = [p for _, p in sorted(prompts.items())]
     result["learner_tokens"], result["learner_tokens_packed"] = logical, packed
     if not args.no_baselines and rows:
         response_mean = statistics.mean(r["response_length_mean"] for r in rows)
-        result["floors"] = run_floors(result["cfg"], response_mean, work, prompts=first_prompts(work))
+        result["floors"] = run_floors(result["cfg"], response_mean, work, prompts=first_prompts)
         result["sync"] = sync_runs(str(REPO / args.config), result["overrides"], work, run_ours)
     return result
-
-
-def first_prompts(work: Path) -> list[list[int]] | None:
-    """The prompts of the flow's iteration 0, group by group (what its seeds were given for)."""
-    import pyarrow.parquet as pq
-
-    path = work / "runs" / "peers" / "iter-000000" / "rollouts.parquet"
-    if not path.exists():
-        return None
-    t = pq.read_table(path, columns=["group_id", "prompt_token_ids"]).to_pydict()
-    return [p for _, p in sorted(dict(zip(t["group_id"], t["prompt_token_ids"])).items())]
 
 
 def reference_workload(args, work: Path) -> dict:

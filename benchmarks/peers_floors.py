@@ -53,6 +53,7 @@ def run_floors(cfg, response_mean: float, work: Path, repeats: int = 2,
     group (default: the train set's first rows, rendered as the flow renders them)."""
     from transformers import AutoConfig
 
+    seeds = [sampling_seed(cfg.seed, 0, group) for group in range(len(prompts))] if prompts else None
     prompts = prompts or rendered_prompts(cfg)
     ro = cfg.rollout
     longest = max(map(len, prompts)) + ro.max_new_tokens
@@ -61,7 +62,7 @@ def run_floors(cfg, response_mean: float, work: Path, repeats: int = 2,
             "new_tokens": ro.max_new_tokens, "kv_mb": ro.kv_cache_mb, "max_model_len": longest + 16,
             "micro": cfg.micro_batch_size, "pad_id": model_cfg.pad_token_id or model_cfg.eos_token_id or 0,
             "repeats": repeats, "ignore_eos": False,
-            "seeds": [sampling_seed(cfg.seed, 0, group) for group in range(len(prompts))],
+            "seeds": seeds,
             "engine": {"enable_prefix_caching": True, "block_size": CPU_PREFIX_BLOCK, "enable_chunked_prefill": False,
                        "max_num_batched_tokens": max(8192, longest + 16)}}
     (work / "floor-gen.json").write_text(json.dumps(base))
