@@ -13,10 +13,12 @@ mini-batch, as in the demo):
 * ``rows``: ``--micro`` rows per micro-batch (``train.micro_batch_size``), each cut to its own longest row;
 * ``tokens``: rows longest first into micro-batches of at most ``--budget`` padded tokens.
 
-each with ``train.pack_prompts`` on (the default: a group's prompt computed once where that saves FLOPs) and off.
-Printed per mode: the padded share of the tokens the micro-batches hold (``padded_frac``), the micro-batch count, the
-step's seconds, and the padded share the learner had before micro-batches were cut to their longest row (every
-micro-batch as wide as the batch's longest row; computed, not run).
+each with ``train.pack_prompts`` on (the default: a micro-batch's rows as one packed row without padding, each group's
+prompt once; by tokens, the budget counts the packed row's tokens) and off (right-padded rows). Printed per mode: the
+padded share of the positions the decoder computed (``padded_frac``), those positions against every row's prompt +
+response (``computed_tokens_frac``: below 1 where prompts are computed once), the micro-batch count, the step's
+seconds, and the padded share the learner had before micro-batches were cut to their longest row (every micro-batch
+as wide as the batch's longest row; computed, not run).
 
     .venv/bin/python benchmarks/micro_batches.py [--workload long] [--budget 2048] [--micro 8]
 
@@ -99,8 +101,6 @@ def build_learner(args: argparse.Namespace, **train):
 
 
 def step(args: argparse.Namespace, batch, budget: int | None, pack: bool) -> dict:
-    from grpo_core.train.batch import plan_micro_batches
-
     n = len(batch)
     learner, cfg = build_learner(args, max_tokens_per_microbatch=budget, pack_prompts=pack)
     seconds = []
@@ -108,10 +108,10 @@ def step(args: argparse.Namespace, batch, budget: int | None, pack: bool) -> dic
         started = time.perf_counter()
         metrics = learner.train_step(batch)
         seconds.append(time.perf_counter() - started)
-    micro_batches = (len(plan_micro_batches(batch.lengths.tolist(), budget)) if budget
-                     else -(-n // cfg.micro_batch_size))
+    micro_batches = len(learner._plan(batch, budget, pack=True)) if budget else -(-n // cfg.micro_batch_size)
     return {"mode": "tokens" if budget else "rows", "pack_prompts": pack, "micro_batches": micro_batches,
-            "padded_frac": metrics["padded_frac"], "seconds": seconds[-1], "loss": metrics["loss"]}
+            "padded_frac": metrics["padded_frac"], "computed": metrics["computed_tokens_frac"],
+            "seconds": seconds[-1], "loss": metrics["loss"]}
 
 
 def main() -> int:
@@ -122,7 +122,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--micro", type=int, default=8, help="rows per micro-batch of the rows mode")
-    parser.add_argument("--budget", type=int, default=2048, help="padded tokens per micro-batch of the tokens mode")
+    parser.add_argument("--budget", type=int, default=2048, help="tokens per micro-batch of the tokens mode")
     parser.add_argument("--repeats", type=int, default=2, help="steps per mode; the last is timed")
     args = parser.parse_args()
     import torch
@@ -133,12 +133,13 @@ def main() -> int:
     print(f"workload {args.workload}: {len(batch)} rows ({args.prompts} prompts x {args.samples}), sampled in "
           f"{rollout_s:.1f} s; row lengths {min(lengths)}-{max(lengths)} tokens (mean {sum(lengths) / len(lengths):.0f})")
     print(f"before (every micro-batch as wide as the batch): padded share {before_padded_frac(batch, args.micro):.3f}")
-    print(f"{'mode':<8}{'pack_prompts':>14}{'micro-batches':>15}{'padded share':>14}{'step s':>9}{'loss':>12}")
+    print(f"{'mode':<8}{'pack_prompts':>14}{'micro-batches':>15}{'padded share':>14}{'computed':>10}{'step s':>9}"
+          f"{'loss':>12}")
     for budget in (None, args.budget):
         for pack in (True, False):
             r = step(args, batch, budget, pack)
             print(f"{r['mode']:<8}{str(r['pack_prompts']):>14}{r['micro_batches']:>15}{r['padded_frac']:>14.3f}"
-                  f"{r['seconds']:>9.1f}{r['loss']:>12.5f}", flush=True)
+                  f"{r['computed']:>10.3f}{r['seconds']:>9.1f}{r['loss']:>12.5f}", flush=True)
     return 0
 
 

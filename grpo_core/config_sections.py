@@ -434,10 +434,12 @@ class TrainConfig(_Section):
                                                                "max_tokens_per_microbatch is set)")
     max_tokens_per_microbatch: int | None = Field(
         default=None, ge=2, description="micro-batches by tokens instead of a row count (verl's use_dynamic_bsz): "
-                                        "each rank's rows, longest first, fill micro-batches of at most this many "
-                                        "padded tokens (rows x the longest row); the step is the same, the padding "
-                                        "less. Must hold the longest row: data.max_prompt_tokens + "
-                                        "rollout.max_new_tokens. None: micro_batch_size rows each")
+                                        "with pack_prompts, each rank's groups (cut where one does not fit), "
+                                        "largest first, fill micro-batches of at most this many packed tokens (each "
+                                        "prompt once, no padding); without, rows longest first, at most this many "
+                                        "padded tokens (rows x the longest row). The step is the same. Must hold "
+                                        "the longest row: data.max_prompt_tokens + rollout.max_new_tokens. None: "
+                                        "micro_batch_size rows each")
     ppo_epochs: int = Field(default=1, ge=1, description="passes over each batch (num_iterations in TRL)")
     zero_stage: Literal["auto", 0, 1, 2, 3] = Field(
         default="auto", description="DeepSpeed ZeRO stage; auto: 2 with several learner ranks; with one, 0 in float32 "
@@ -448,9 +450,10 @@ class TrainConfig(_Section):
         default=False, description="on CUDA: Liger's Triton kernels for RMSNorm, RoPE and SwiGLU in the learner "
                                    "(needs liger-kernel, the [gpu] extra); no effect on CPU")
     pack_prompts: bool = Field(
-        default=True, description="compute each group's shared prompt once per micro-batch (the G responses attend "
-                                  "to one copy of it); same logprobs and gradients, a fraction of the tokens when "
-                                  "prompts are long against responses (not under ZeRO-3)")
+        default=True, description="each micro-batch as one packed row without padding: each group's prompt once, "
+                                  "then its responses, groups end to end, positions restarting per sequence; "
+                                  "attention per group or per sequence (segment attention), whichever costs less. "
+                                  "Same logprobs and gradients as the padded rows (not under ZeRO-3)")
     logits_chunk_mb: float = Field(
         default=128.0, gt=0.0, le=65536.0,
         description="the output layer runs only at response tokens, this many MiB of float32 logits at a time "

@@ -63,9 +63,12 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
                  "epochs"),
         ("grad_norm", "gradient norm before clipping (train.grad_clip), mean over the optimizer steps"),
         ("lr", "learning rate after the update's last optimizer step"),
-        ("padded_frac", "share of the tokens the learner's micro-batches computed that were padding (each "
-                        "micro-batch is cut to its longest row; train.max_tokens_per_microbatch groups rows by "
-                        "length); prompt packing, where it pays, saves more on top"),
+        ("padded_frac", "share of the positions the learner's decoder computed that were padding: 0 with "
+                        "train.pack_prompts (packed rows); without, each micro-batch is cut to its longest row and "
+                        "train.max_tokens_per_microbatch groups rows by length"),
+        ("computed_tokens_frac", "positions the learner's decoder computed / every trained row's prompt + response "
+                                 "tokens: below 1 where packed rows hold each group's prompt once, above 1 with "
+                                 "padding"),
         ("clipfrac", "share of response tokens whose ratio was clipped"),
         ("clipfrac_low", "share clipped below 1 - algo.clip_eps_low"),
         ("clipfrac_high", "share clipped above 1 + algo.clip_eps_high"),

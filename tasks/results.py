@@ -192,6 +192,7 @@ def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, e
         "distinct_frac": scored.metric("distinct_frac"),
         "loss": train.metrics["loss"], "grad_norm": train.metrics["grad_norm"], "lr": train.metrics["lr"],
         "padded_frac": train.metrics.get("padded_frac"),
+        "computed_tokens_frac": train.metrics.get("computed_tokens_frac"),
         **{name: train.metrics.get(name) for name in ALGORITHM_METRICS},
         "response_length_mean": first.response_length_mean, "truncated_frac": first.truncated_frac,
         **({name: getattr(first, name) for name in EPISODE_METRICS} if first.turns_mean is not None else {}),

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from grpo_core.config import build_config
-from grpo_core.train.batch import pack_batch
+from grpo_core.train import segment_attention
+from grpo_core.train.batch import pack_batch, pack_row
 from grpo_core.train.learner import Learner, LearnerSpec
 
 pytestmark = pytest.mark.timeout(600)
@@ -53,19 +54,27 @@ def test_micro_batch_accumulation_equals_one_big_micro_batch(tiny_model):
 def test_micro_batches_by_tokens_give_the_same_step_with_less_padding(tiny_model):
     """Rows of 8-12 tokens: 8 rows at once pad to 12 each (13 of 96 tokens padding); a budget of 24 tokens makes
     four micro-batches of similar lengths (1 of 84). DeepSpeed is configured for one micro-batch per step here, so
-    this also checks that the step comes after the last of the four, not after each."""
+    this also checks that the step comes after the last of the four, not after each. Packed (the default), the same
+    budget makes four packed rows of 17-24 tokens, with no padding at all."""
     batch = _batch()
     assert batch.lengths.tolist() == [8, 10, 12, 11, 9, 11, 10, 12]
-    whole = _learner(tiny_model, micro=8, accum=1)
-    by_tokens = _learner(tiny_model, micro=8, accum=1, max_lengths=(12, 12), max_tokens_per_microbatch=24)
+    whole = _learner(tiny_model, micro=8, accum=1, pack=False)
+    by_tokens = _learner(tiny_model, micro=8, accum=1, pack=False, max_lengths=(12, 12), max_tokens_per_microbatch=24)
+    packed = _learner(tiny_model, micro=8, accum=1, max_lengths=(12, 12), max_tokens_per_microbatch=24)
+    assert packed._plan(batch, 24, pack=True) == [[2, 7], [3, 5], [1, 6], [0, 4]]  # first-fit decreasing
     lp_whole, lp_tokens = whole.logprobs(batch), by_tokens.logprobs(batch)
     assert lp_tokens.shape == lp_whole.shape and float((lp_tokens - lp_whole).abs().max()) < 1e-5
     m1, m2 = whole.train_step(batch), by_tokens.train_step(batch)
     assert whole.version == by_tokens.version == 1  # one optimizer step, after the fourth micro-batch
     assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
     assert m1["padded_frac"] == pytest.approx(13 / 96) and m2["padded_frac"] == pytest.approx(1 / 84)
-    a, b = _weights(whole), _weights(by_tokens)
+    m3 = packed.train_step(batch)
+    assert m3["loss"] == pytest.approx(m1["loss"], abs=1e-6)
+    assert m3["padded_frac"] == 0.0 and m3["computed_tokens_frac"] == 1.0  # no prompt shared by two rows here
+    assert m2["computed_tokens_frac"] == pytest.approx(84 / 83)
+    a, b, c = _weights(whole), _weights(by_tokens), _weights(packed)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 5e-4  # as in the accumulation test above
+    assert max(float((a[k] - c[k]).abs().max()) for k in a) < 5e-4
     with pytest.raises(ValueError, match="cannot hold the longest row"):
         _learner(tiny_model, micro=8, accum=1, max_lengths=(12, 12), max_tokens_per_microbatch=23)
 
@@ -84,16 +93,20 @@ def _group_batch(groups=4, samples=3, seed=1):
     return pack_batch(prompts, responses, None, adv, [i != 5 for i in range(n)], pad_id=0)
 
 
-def test_shared_prompt_packing_gives_the_padded_batch_logprobs_and_step(tiny_model):
-    from grpo_core.train.batch import pack_shared_prompts
+def test_packing_gives_the_padded_batch_logprobs_and_step(tiny_model):
+    from grpo_core.train.segment_attention import Block
 
     batch = _group_batch()
-    pack = pack_shared_prompts(batch)
-    assert pack.input_ids.shape[0] == 4 and pack.packed_tokens < batch.input_ids.numel()
-    # micro-batches of 4 rows split the groups of 3: a group's rows in two micro-batches are two packs
+    pack = pack_row(batch, attention_width=128, call_cost=2e6)
+    # 4 prompts once and 12 responses, end to end: no padding, each prompt once
+    prompts = [int(batch.response_mask[i].argmax()) + 1 for i in range(len(batch))]
+    assert pack.tokens == sum(prompts[::3]) + int(batch.lengths.sum()) - sum(prompts)
+    assert pack.tokens < int(batch.lengths.sum()) < batch.input_ids.numel()
+    assert all(isinstance(b, Block) for b in pack.segments.blocks)
+    assert [b.start for b in pack.segments.blocks][0] == 0 and pack.segments.blocks[-1].end == pack.tokens
+    # micro-batches of 4 rows split the groups of 3 and pack 2 groups each: a group's rows in two micro-batches
+    # carry its prompt in both
     packed, plain = _learner(tiny_model, micro=4, accum=3), _learner(tiny_model, micro=4, accum=3, pack=False)
-    first = batch.select(slice(0, 4))
-    assert packed._packing_pays(first, pack_shared_prompts(first))  # the packed path is the one measured
     mask = batch.response_mask.bool()
     lp_packed, lp_plain = packed.logprobs(batch, pack=True), plain.logprobs(batch, pack=True)
     assert float((packed.logprobs(batch) - lp_plain).abs().max()) < 1e-5  # unpacked: the response tokens, padded
@@ -106,7 +119,7 @@ def test_shared_prompt_packing_gives_the_padded_batch_logprobs_and_step(tiny_mod
 
     grads = []
     for learner in (packed, plain):
-        model = AutoModelForCausalLM.from_pretrained(tiny_model)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=segment_attention.register())
         logp, _ = learner._forward_logprobs(model, batch, entropy="metric", pack=True)
         (-(logp * batch.advantages[:, None] * batch.loss_mask).sum() / batch.loss_mask.sum()).backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
@@ -312,3 +325,54 @@ def test_the_states_at_response_positions_have_a_gradient_with_the_same_bits_eve
     assert all(torch.equal(first, grad()) for _ in range(20))
     exact = torch.zeros(8, 64, 32, dtype=torch.float64).index_put_((rows, cols), weights.double(), accumulate=True)
     torch.testing.assert_close(first.double(), exact, rtol=1e-5, atol=1e-4)
+
+
+def _mixed_batch():
+    """Two groups of 3 with responses of 1-9 tokens, a lone row, a row whose second half an environment wrote
+    (response mask 0 there), and a row without response tokens (nothing to compute)."""
+    g = torch.Generator().manual_seed(3)
+    rand = lambda n: torch.randint(3, 300, (n,), generator=g).tolist()  # noqa: E731
+    p1, p2, p3 = rand(7), rand(4), rand(5)
+    prompts = [p1, p1, p1, p2, p2, p2, p3, p3, rand(6)]
+    lengths = [9, 1, 5, 3, 8, 2, 6, 6, 0]
+    responses = [rand(n) for n in lengths]
+    masks = [[1] * n for n in lengths]
+    masks[7] = [1, 1, 0, 0, 1, 1]
+    adv = torch.randn(len(prompts), generator=g).tolist()
+    return pack_batch(prompts, responses, None, adv, [True] * len(prompts), pad_id=0, response_masks=masks)
+
+
+@pytest.mark.parametrize("call_cost", [0.0, 1e18], ids=["a-call-per-segment", "a-call-per-group"])
+def test_a_packed_row_gives_the_padded_batch_logprobs_and_gradients(tiny_model, monkeypatch, call_cost):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setitem(segment_attention.CALL_COSTS, "cpu", call_cost)  # the learner's forward prices with it
+    batch = _mixed_batch()
+    row = pack_row(batch, attention_width=128, call_cost=call_cost)
+    assert row.tokens == batch.packed_tokens() == 7 + (9 + 1 + 5) + 4 + (3 + 8 + 2) + 5 + (6 + 6)  # 7 shares 6's prompt
+    assert len(row.segments.blocks) == (4 + 4 + 3 if call_cost == 0 else 3)
+    learner = _learner(tiny_model, micro=8, accum=1)
+    out = {}
+    for pack in (True, False):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=segment_attention.register())
+        logp, entropy = learner._forward_logprobs(model, batch, entropy="loss", pack=pack)
+        (-(logp * batch.advantages[:, None] * batch.loss_mask).sum() - 0.1 * (entropy * batch.loss_mask).sum()
+         ).backward()
+        out[pack] = logp.detach(), {n: p.grad for n, p in model.named_parameters()}
+    mask = batch.response_mask.bool()
+    (lp_packed, g_packed), (lp_padded, g_padded) = out[True], out[False]
+    assert float((lp_packed - lp_padded)[mask].abs().max()) < 1e-5 and bool((lp_packed[mask] < 0).all())
+    for name, g in g_padded.items():
+        assert float((g_packed[name] - g).abs().max()) <= 1e-4 * float(g.abs().max()) + 1e-9, name
+    assert float(g_padded["model.layers.0.self_attn.q_proj.weight"].abs().max()) > 0  # attention gets a gradient
+
+
+def test_a_packed_row_is_refused_by_a_model_without_segment_attention(tiny_model):
+    """Any other attention would ignore the segments and let every token see the whole row before it."""
+    from transformers import AutoModelForCausalLM
+
+    learner = _learner(tiny_model, micro=8, accum=1)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="sdpa")
+    with pytest.raises(ValueError, match="grpo_segments"):
+        learner._forward_logprobs(plain, _mixed_batch(), pack=True)
+    learner._forward_logprobs(plain, _mixed_batch(), pack=False)  # the padded batch needs nothing special

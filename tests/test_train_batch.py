@@ -94,3 +94,31 @@ def test_a_trimmed_micro_batch_drops_only_the_columns_no_row_uses():
     assert short.input_ids.tolist() == [[5, 6, 10, 2]] and short.response_mask.tolist() == [[0, 1, 1]]
     assert short.sampler_logprobs[0].tolist() == pytest.approx([0.0, -0.1, -0.2])
     assert batch.trimmed() is batch  # the longest row uses every column
+
+
+def test_packed_micro_batches_keep_a_group_whole_and_count_its_prompt_once():
+    from grpo_core.train.batch import plan_packed_micro_batches
+
+    # two groups of 3 rows (prompts of 20 and 10 tokens), responses of 5-12 tokens, and row 6 with no response
+    runs = [(20, [0, 1, 2]), (10, [3, 4, 5])]
+    lengths = [25, 30, 32, 15, 22, 18, 9]
+    packed = {0: 20 + 5 + 10 + 12, 1: 10 + 5 + 12 + 8}  # 47 and 35 tokens packed
+    assert plan_packed_micro_batches(runs, lengths, 100) == [[0, 1, 2, 3, 4, 5, 6]]  # 82 <= 100, row 6 rides along
+    assert plan_packed_micro_batches(runs, lengths, packed[0]) == [[0, 1, 2, 6], [3, 4, 5]]
+    # a group over the budget is cut, each piece with the prompt again: 20 + 5 + 10 = 35, then 20 + 12 = 32;
+    # first-fit decreasing puts the other group (35) and the pieces into three micro-batches of at most 40
+    plan = plan_packed_micro_batches(runs, lengths, 40)
+    assert plan == [[0, 1, 6], [3, 4, 5], [2]]
+    assert sorted(i for rows in plan for i in rows) == list(range(7))  # every row once, none dropped
+    assert plan_packed_micro_batches([(20, [0])], [70], 64) == [[0]]  # a row over the budget is alone
+    with pytest.raises(ValueError, match="max_tokens"):
+        plan_packed_micro_batches(runs, lengths, 0)
+
+
+def test_prompt_runs_and_packed_tokens_follow_the_rows():
+    prompts = [[5, 6, 7], [5, 6, 7], [8, 9], [5, 6, 7]]
+    responses = [[10, 11], [12], [13, 14, 15], [16]]
+    batch = pack_batch(prompts, responses, None, [0.0] * 4, [True] * 4, pad_id=0)
+    # runs are consecutive rows: the fourth row's prompt equals the first's but comes after another prompt
+    assert batch.prompt_runs() == [(3, [0, 1]), (2, [2]), (3, [3])]
+    assert batch.packed_tokens() == (3 + 2 + 1) + (2 + 3) + (3 + 1)

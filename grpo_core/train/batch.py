@@ -12,6 +12,8 @@ from itertools import chain
 import numpy as np
 import torch
 
+from grpo_core.train.segment_attention import Segments, group_blocks
+
 
 @dataclass
 class TokenBatch:
@@ -40,6 +42,30 @@ class TokenBatch:
     def lengths(self) -> torch.Tensor:
         """[B] prompt + response tokens of each row (right-padded: its first ``length`` columns)."""
         return self.attention_mask.sum(1)
+
+    def prompt_runs(self) -> list[tuple[int, list[int]]]:
+        """(prompt length, rows) of each run of consecutive rows with the same prompt (what precedes a row's first
+        response column), rows without response tokens left out (they have no logprob to compute)."""
+        resp = self.response_mask
+        has_resp = (resp.sum(1) > 0).tolist()
+        first = resp.argmax(1).tolist()
+        runs: list[tuple[int, list[int]]] = []
+        previous: list[int] | None = None
+        for i in range(len(self)):
+            if not has_resp[i]:
+                continue
+            prompt = self.input_ids[i, :first[i] + 1].tolist()
+            if runs and prompt == previous:
+                runs[-1][1].append(i)
+            else:
+                runs.append((len(prompt), [i]))
+            previous = prompt
+        return runs
+
+    def packed_tokens(self) -> int:
+        """The tokens of ``pack_row``'s row for this batch: each run's prompt once and its rows' responses."""
+        lengths = self.lengths.tolist()
+        return sum(p + sum(lengths[i] - p for i in rows) for p, rows in self.prompt_runs())
 
     def trimmed(self) -> "TokenBatch":
         """The same rows without the padding columns none of them uses: a micro-batch of short rows taken from a
@@ -70,6 +96,42 @@ def plan_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
         else:
             plan.append([i])
     return [sorted(rows) for rows in plan]
+
+
+def plan_packed_micro_batches(runs: list[tuple[int, list[int]]], lengths: list[int],
+                              max_tokens: int) -> list[list[int]]:
+    """Rows into micro-batches of at most ``max_tokens`` tokens each as ``pack_row`` lays them out (no padding, a
+    run's prompt once): ``runs`` are ``TokenBatch.prompt_runs`` (prompt length, rows), ``lengths`` every row's
+    prompt + response. A run that does not fit the budget is cut into pieces that do, each with the prompt again;
+    then pieces go largest first into the first micro-batch with room (first-fit decreasing). A row longer than the
+    budget is a micro-batch of its own. Rows in no run (no response tokens) go with the first micro-batch: nothing is
+    computed for them, but they stay in the batch. Each micro-batch lists its rows in their original order."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    pieces: list[tuple[int, list[int]]] = []  # (packed tokens, rows)
+    for p, rows in runs:
+        tokens, piece = p, []
+        for i in rows:
+            if piece and tokens + lengths[i] - p > max_tokens:
+                pieces.append((tokens, piece))
+                tokens, piece = p, []
+            tokens += lengths[i] - p
+            piece.append(i)
+        pieces.append((tokens, piece))
+    pieces.sort(key=lambda t: -t[0])  # stable
+    plan: list[tuple[int, list[int]]] = []
+    for tokens, rows in pieces:
+        k = next((k for k, (used, _) in enumerate(plan) if used + tokens <= max_tokens), None)
+        if k is None:
+            plan.append((tokens, list(rows)))
+        else:
+            plan[k] = (plan[k][0] + tokens, plan[k][1] + rows)
+    placed = {i for _, rows in plan for i in rows}
+    idle = [i for i in range(len(lengths)) if i not in placed]
+    if not plan:
+        return [idle] if idle else []
+    plan[0][1].extend(idle)
+    return [sorted(rows) for _, rows in plan]
 
 
 def equal_counts(plans: list[list[list[int]]]) -> list[list[list[int]]]:
@@ -324,77 +386,54 @@ def _triton_backward(logits, targets, lse, g_logp, grad, temperature) -> None:
 
 
 @dataclass
-class SharedPromptPack:
-    """A micro-batch with each group's prompt written once: one row per run of consecutive rows that share a prompt,
-    ``prompt + response_1 + ... + response_k``, where every response attends to the prompt and causally to itself
-    only, with positions restarting after the prompt. The forward pass then computes each prompt once instead of k
-    times (the tiny task's prompts are ~85% of its tokens at G = 8), and the logits are taken only where a response
-    token is predicted. Mathematically the same logprobs and gradients as the padded batch.
+class PackedRow:
+    """A micro-batch as one row without padding: each run of consecutive rows that share a prompt becomes
+    ``prompt + response_1 + ... + response_k`` (the prompt written once), the runs end to end, positions restarting
+    at each prompt and continuing after it in each response. ``segments`` says what attends to what (a response to
+    its prompt and causally to itself; ``segment_attention``), so the forward pass computes each prompt once and no
+    padding at all, and the logits are taken only where a response token is predicted. The same logprobs and
+    gradients as the padded batch (verl's ``use_remove_padding``, NeMo-RL's sequence packing, with a shared prefix).
 
-    ``src_row, src_pos``: where in the packed rows the hidden state predicting each response token sits (a
-    response's first token is predicted by the prompt's last position); ``dst_row, dst_col``: where that token's
-    logprob goes in the batch's shifted ``[B, L-1]`` space; ``targets``: the token ids."""
-    input_ids: torch.Tensor      # [G, Lp]
-    position_ids: torch.Tensor   # [G, Lp]
-    attention: torch.Tensor      # [G, 1, Lp, Lp] bool, True: may attend
-    src_row: torch.Tensor        # [N]
+    ``src_pos``: where in the row the hidden state predicting each response token sits (a response's first token is
+    predicted by its prompt's last position); ``dst_row, dst_col``: where that token's logprob goes in the batch's
+    shifted ``[B, L-1]`` space; ``targets``: the token ids."""
+    input_ids: torch.Tensor      # [1, T]
+    position_ids: torch.Tensor   # [1, T]
+    segments: Segments
     src_pos: torch.Tensor        # [N]
     dst_row: torch.Tensor        # [N]
     dst_col: torch.Tensor        # [N]
     targets: torch.Tensor        # [N]
-    shape: tuple[int, int]       # (B, L-1) of the batch
 
     @property
-    def packed_tokens(self) -> int:
-        return int(self.input_ids.shape[0] * self.input_ids.shape[1])
+    def tokens(self) -> int:
+        return int(self.input_ids.shape[1])
 
 
-def pack_shared_prompts(batch: TokenBatch, pad_id: int = 0) -> SharedPromptPack:
-    """``batch``'s rows grouped by runs of identical prompts (the prompt is what precedes a row's first response
-    column; a row without response tokens is left out: it has no logprob to compute)."""
-    ids, attn, resp = batch.input_ids, batch.attention_mask, batch.response_mask
-    lengths = attn.sum(1).tolist()
-    has_resp = resp.sum(1) > 0
-    first = torch.where(has_resp, resp.argmax(1), torch.zeros_like(has_resp, dtype=torch.long)).tolist()
-    rows: list[tuple[list[int], list[list[int]], list[int]]] = []  # (prompt, responses, batch row indices)
-    for i in range(len(batch)):
-        if not bool(has_resp[i]):
-            continue
-        p = first[i] + 1
-        prompt = ids[i, :p].tolist()
-        response = ids[i, p:lengths[i]].tolist()
-        if rows and rows[-1][0] == prompt:
-            rows[-1][1].append(response)
-            rows[-1][2].append(i)
-        else:
-            rows.append((prompt, [response], [i]))
-    width = max([len(p) + sum(map(len, rs)) for p, rs, _ in rows], default=1)
-    g = max(1, len(rows))
-    input_ids = torch.full((g, width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((g, width), dtype=torch.long)
-    attention = torch.eye(width, dtype=torch.bool).repeat(g, 1, 1, 1)  # padding attends to itself (no NaN)
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    src_row, src_pos, dst_row, dst_col, targets = [], [], [], [], []
-    for r, (prompt, responses, members) in enumerate(rows):
-        p = len(prompt)
-        input_ids[r, :p] = torch.tensor(prompt)
-        position_ids[r, :p] = torch.arange(p)
-        attention[r, 0, :p, :p] = causal[:p, :p]
-        offset = p
-        for response, i in zip(responses, members):
-            n = len(response)
-            end = offset + n
-            input_ids[r, offset:end] = torch.tensor(response)
-            position_ids[r, offset:end] = torch.arange(p, p + n)
-            attention[r, 0, offset:end, :p] = True
-            attention[r, 0, offset:end, offset:end] = causal[:n, :n]
-            src_row += [r] * n
-            src_pos += [p - 1] + list(range(offset, end - 1))
+def pack_row(batch: TokenBatch, attention_width: int, call_cost: float) -> PackedRow:
+    """``batch``'s rows as one packed row, each run of consecutive rows with the same prompt sharing it
+    (``TokenBatch.prompt_runs``; rows without response tokens are left out). ``attention_width`` (the model's heads x
+    head dim) and ``call_cost`` (``segment_attention.CALL_COSTS``) price each group's attention (``group_blocks``)."""
+    ids, lengths = batch.input_ids, batch.lengths.tolist()
+    runs = [(ids[rows[0], :p].tolist(), [(ids[i, p:lengths[i]].tolist(), i) for i in rows])
+            for p, rows in batch.prompt_runs()]
+    tokens: list[int] = []
+    positions: list[int] = []
+    blocks = []
+    src_pos, dst_row, dst_col, targets = [], [], [], []
+    for prompt, responses in runs:
+        p, p0 = len(prompt), len(tokens)
+        blocks += group_blocks(p0, p, [len(r) for r, _ in responses], attention_width, call_cost)
+        tokens += prompt
+        positions += range(p)
+        for response, i in responses:
+            n, start = len(response), len(tokens)
+            tokens += response
+            positions += range(p, p + n)
+            src_pos += [p0 + p - 1, *range(start, start + n - 1)]
             dst_row += [i] * n
-            dst_col += list(range(p - 1, p - 1 + n))
+            dst_col += range(p - 1, p - 1 + n)
             targets += response
-            offset = end
     as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
-    return SharedPromptPack(input_ids, position_ids, attention, as_long(src_row), as_long(src_pos),
-                            as_long(dst_row), as_long(dst_col), as_long(targets),
-                            (len(batch), ids.shape[1] - 1))
+    return PackedRow(as_long(tokens)[None], as_long(positions)[None], Segments(blocks), as_long(src_pos),
+                     as_long(dst_row), as_long(dst_col), as_long(targets))

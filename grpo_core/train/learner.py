@@ -24,8 +24,9 @@ from grpo_core.algo import (
 )
 from grpo_core.checkpoint import Snapshot
 from grpo_core.config import AlgoConfig, LoraConfig, TrainConfig, zero_stage_for
-from grpo_core.train.batch import (TokenBatch, equal_counts, pack_shared_prompts, plan_micro_batches, token_logprobs,
-                                   token_logprobs_and_entropy)
+from grpo_core.train.batch import (TokenBatch, equal_counts, pack_row, plan_micro_batches, plan_packed_micro_batches,
+                                   token_logprobs, token_logprobs_and_entropy)
+from grpo_core.train import segment_attention
 from grpo_core.train.output_head import chunk_tokens_for, output_logprobs
 
 # DeepSpeed's checkpoint tag: its files live under <checkpoint>/learner/.
@@ -95,7 +96,8 @@ class Learner:
         torch.manual_seed(spec.seed)
         self.spec, self.algo, self.train_cfg = spec, algo, train
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype,
+                                                     attn_implementation=segment_attention.register())
         model.config.use_cache = False
         if train.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -127,7 +129,8 @@ class Learner:
         self.device = self.engine.device
         self.ref_model = None
         if algo.kl_coeff > 0 and spec.lora is None:  # with LoRA the reference is the base: the adapter disabled
-            self.ref_model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype).to(self.device)
+            self.ref_model = AutoModelForCausalLM.from_pretrained(
+                spec.model_path, dtype=dtype, attn_implementation=segment_attention.register()).to(self.device)
             self.ref_model.eval().requires_grad_(False)
         self.micro_batch_size = micro_batch_size
         self.grad_accum_steps = grad_accum_steps
@@ -139,10 +142,10 @@ class Learner:
                           pack: bool = False):
         """-> (logprobs [B, L-1], entropy [B, L-1] or None) at the response tokens (0 elsewhere: nothing reads the
         prompt's). entropy: "none", "metric" (no grad) or "loss". ``temperature``: None is the sampling temperature
-        (what the policy loss needs). ``pack``: each group's prompt once per micro-batch (``train.pack_prompts``)
-        where that costs fewer FLOPs.
+        (what the policy loss needs). ``pack``: the micro-batch as one packed row (``train.pack_prompts``,
+        ``pack_row``: no padding, each group's prompt once), its attention by ``segment_attention``.
 
-        The decoder runs on the batch (or its packed rows); the output layer only at the positions that predict a
+        The decoder runs on the batch (or its packed row); the output layer only at the positions that predict a
         response token, ``logits_chunk_mb`` at a time (``output_head``): the [B, L, V] logits never exist."""
         temp = self.spec.temperature if temperature is None else temperature
         if self.zero_stage == 3:
@@ -150,15 +153,16 @@ class Learner:
         lm = _causal_lm(model)
         dev = self.device
         # Not under ZeRO-3 (above): its forward gathers each module's parameters in a collective, so every rank must
-        # run the same modules in the same order (a rank whose rows do not pack would take the other path).
-        packed = pack_shared_prompts(mb) if pack and self.spec.pack_prompts else None
-        if packed is not None and self._packing_pays(mb, packed):
-            dtype = next(lm.parameters()).dtype
-            bias = torch.zeros(packed.attention.shape, dtype=dtype).masked_fill_(~packed.attention,
-                                                                                torch.finfo(dtype).min)
+        # run the same modules in the same order (a rank whose micro-batch has no response token would not).
+        packed = None
+        if pack and self.spec.pack_prompts:
+            packed = pack_row(mb, segment_attention.attention_width(lm.config), segment_attention.call_cost(dev))
+        if packed is not None and packed.tokens:
+            segment_attention.require(lm)
             hidden = lm.get_decoder()(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
-                                      attention_mask=bias.to(dev), use_cache=False).last_hidden_state
-            at = _states_at(hidden, packed.src_row.to(dev), packed.src_pos.to(dev))
+                                      attention_mask=torch.ones_like(packed.input_ids, device=dev),
+                                      segments=packed.segments, use_cache=False).last_hidden_state
+            at = hidden[0].index_select(0, packed.src_pos.to(dev))
             where, targets = (packed.dst_row.to(dev), packed.dst_col.to(dev)), packed.targets.to(dev)
         else:
             hidden = lm.get_decoder()(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
@@ -192,23 +196,14 @@ class Learner:
         with torch.no_grad():
             return logp, entropy_from_logits(scaled)
 
-    def _packing_pays(self, mb: TokenBatch, pack) -> bool:
-        """Whether the packed rows cost fewer FLOPs than the padded batch: per token and layer, the projections
-        (~2 x the layer's weights) plus attention over the row (4 x hidden x row length). A packed row holds G
-        responses, so its attention grows with their total length: long responses on a short prompt pack badly."""
-        cfg = _causal_lm(self.engine).config
-        h = getattr(cfg, "hidden_size", 0) or 0
-        inter = getattr(cfg, "intermediate_size", 4 * h) or 4 * h
-        per_token = 2 * (4 * h * h + 3 * h * inter)
+    def _plan(self, batch: TokenBatch, budget: int, pack: bool) -> list[list[int]]:
+        """Rows of ``batch`` into micro-batches of at most ``budget`` tokens: as packed rows hold them where the
+        forward packs (``pack`` and ``train.pack_prompts``, not under ZeRO-3), else as padded rows do."""
+        if pack and self.spec.pack_prompts and self.zero_stage != 3:
+            return plan_packed_micro_batches(batch.prompt_runs(), batch.lengths.tolist(), budget)
+        return plan_micro_batches(batch.lengths.tolist(), budget)
 
-        def cost(rows: int, width: int) -> float:
-            return rows * width * (per_token + 4 * h * width)
-
-        if pack.input_ids.shape[0] >= len(mb):  # no prompt shared by two rows: nothing to save but some padding
-            return False
-        return cost(*pack.input_ids.shape) < 0.9 * cost(*mb.input_ids.shape)
-
-    def _micro_batches(self, batch: TokenBatch) -> list[torch.Tensor]:
+    def _micro_batches(self, batch: TokenBatch, pack: bool) -> list[torch.Tensor]:
         """Row indices of each micro-batch of a no-grad pass over ``batch``: by tokens
         (``train.max_tokens_per_microbatch``) or ``micro_batch_size`` rows at a time. Under ZeRO-3 always by rows:
         its forward is a collective, and every rank has as many rows as the others, not the same lengths."""
@@ -216,13 +211,13 @@ class Learner:
         if budget is None or self.zero_stage == 3:
             return [torch.arange(i, min(i + self.micro_batch_size, len(batch)))
                     for i in range(0, len(batch), self.micro_batch_size)]
-        return [torch.tensor(rows) for rows in plan_micro_batches(batch.lengths.tolist(), budget)]
+        return [torch.tensor(rows) for rows in self._plan(batch, budget, pack)]
 
-    def _no_grad_logprobs(self, model, batch: TokenBatch, **kwargs) -> torch.Tensor:
+    def _no_grad_logprobs(self, model, batch: TokenBatch, pack: bool = False, **kwargs) -> torch.Tensor:
         """[B, L-1] logprobs over ``batch`` in micro-batches (each trimmed to its longest row), rows in place."""
         out = torch.zeros(len(batch), batch.input_ids.shape[1] - 1)
-        for rows in self._micro_batches(batch):
-            part = self._forward_logprobs(model, batch.select(rows).trimmed(), **kwargs)[0].cpu()
+        for rows in self._micro_batches(batch, pack):
+            part = self._forward_logprobs(model, batch.select(rows).trimmed(), pack=pack, **kwargs)[0].cpu()
             out[rows, :part.shape[1]] = part
         return out
 
@@ -255,11 +250,11 @@ class Learner:
         self.engine.train()
         return out
 
-    def _train_micro_batches(self, lengths: torch.Tensor, share: int, world_size: int, rank: int,
+    def _train_micro_batches(self, batch: TokenBatch, share: int, world_size: int, rank: int,
                              n_minis: int) -> list[list[torch.Tensor]]:
         """Per mini-batch, this rank's micro-batches as row indices into its share of that mini-batch.
-        ``lengths``: [B] of the whole batch (every rank has it, so every rank plans every rank's micro-batches
-        and all run as many)."""
+        ``batch``: the whole batch (every rank has it, so every rank plans every rank's micro-batches and all run
+        as many)."""
         budget = self.train_cfg.max_tokens_per_microbatch
         if budget is None:
             fixed = [torch.arange(i, i + self.micro_batch_size) for i in range(0, share, self.micro_batch_size)]
@@ -267,9 +262,9 @@ class Learner:
         plans = []
         mini = share * world_size
         for m in range(n_minis):
-            per_rank = [lengths[m * mini + r * share: m * mini + (r + 1) * share].tolist() for r in range(world_size)]
-            plans.append([torch.tensor(rows) for rows in
-                          equal_counts([plan_micro_batches(lens, budget) for lens in per_rank])[rank]])
+            per_rank = [self._plan(batch.select(slice(m * mini + r * share, m * mini + (r + 1) * share)), budget,
+                                   pack=True) for r in range(world_size)]
+            plans.append([torch.tensor(rows) for rows in equal_counts(per_rank)[rank]])
         return plans
 
     # ------------------------------------------------------------------------------------------------- step
@@ -292,7 +287,7 @@ class Learner:
         norm_length = self.algo.loss_norm_length or self.spec.max_new_tokens
         denominators = [max(1.0, loss_denominator(batch.select(slice(m * mini, (m + 1) * mini)).loss_mask, agg))
                         for m in range(n_minis)]
-        plans = self._train_micro_batches(batch.lengths, share, world_size, rank, n_minis)
+        plans = self._train_micro_batches(batch, share, world_size, rank, n_minis)
         if world_size > 1:
             batch = batch.select(torch.cat([torch.arange(m * mini + rank * share, m * mini + (rank + 1) * share)
                                             for m in range(n_minis)]))
@@ -312,7 +307,8 @@ class Learner:
 
         grad_norms = []
         mismatch_max: float | None = None  # a max over micro-batches, not a mean of theirs
-        real_tokens = padded_tokens = 0
+        real_tokens = computed_tokens = 0  # every row's prompt + response; the positions the decoder computed
+        packs = self.spec.pack_prompts and self.zero_stage != 3
         by_tokens = self.train_cfg.max_tokens_per_microbatch is not None
         for _epoch in range(self.train_cfg.ppo_epochs):
             for m in range(n_minis):
@@ -322,7 +318,7 @@ class Learner:
                 for k, idx in enumerate(plans[m]):
                     mb = mini_batch.select(idx).trimmed()
                     real_tokens += int(mb.lengths.sum())
-                    padded_tokens += mb.input_ids.numel()
+                    computed_tokens += (mb.packed_tokens() if packs else 0) or mb.input_ids.numel()
                     if by_tokens:  # as many micro-batches as this mini-batch has, not the configured count
                         self.engine.set_gradient_accumulation_boundary(k == len(plans[m]) - 1)
                     mask = mb.loss_mask.to(self.device)
@@ -378,7 +374,10 @@ class Learner:
             out["mismatch_abs_logp_max"] = mismatch_max
         out["loss"] = sums.get("loss", 0.0) / max(1, self.train_cfg.ppo_epochs * n_minis)  # sum over micros
         out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
-        out["padded_frac"] = 1.0 - real_tokens / padded_tokens if padded_tokens else 0.0
+        # padding among the positions the decoder computed (a packed row has none), and those positions against every
+        # row's prompt + response (below 1 where a packed row holds a group's prompt once)
+        out["padded_frac"] = 0.0 if packs or not computed_tokens else 1.0 - real_tokens / computed_tokens
+        out["computed_tokens_frac"] = computed_tokens / real_tokens if real_tokens else 0.0
         out["lr"] = float(self.scheduler.get_last_lr()[0])
         out["optimizer_steps"] = float(self.train_cfg.ppo_epochs * n_minis)
         out["tokens"] = float(batch.loss_mask.sum())  # this rank's
