@@ -1,11 +1,12 @@
-"""Attention over packed rows, one SDPA call per segment: the cost of the attention the sequences need, not of the row.
+"""Attention over packed rows by blocks: the cost of the attention the sequences need, not of the row.
 
 A packed row lays several sequences end to end (a group's prompt once, then each of its responses, then the next
 group's). With one dense mask over the row, attention costs ``row length ** 2`` however little of it the mask allows:
 packing many responses into a row, or long responses on one prompt, costs more than the padded batch. Here each
-segment attends with its own SDPA call to the keys it may see: a prompt (or a lone sequence) causally to itself, a
-response to its prompt and causally to itself. The calls compute exactly what the padded batch computes for that
-sequence (same keys, same order), so logprobs and gradients agree with it to float rounding.
+block is one SDPA call over the keys its queries may see: a whole group (its prompt and responses, with a mask that
+lets each response see the prompt and itself), or one sequence (a prompt causally to itself; a response to its
+prompt and causally to itself), whichever ``group_blocks`` prices lower. Every query sees exactly the keys it sees in
+the padded batch, so logprobs and gradients agree with it to float rounding.
 
 What varlen flash-attention does on GPUs (verl's ``use_remove_padding``, prime-rl's packer), with a shared prefix that
 varlen cannot express, written as a transformers attention function (``AttentionInterface``): the model's own layers,
