@@ -43,7 +43,7 @@ class LearnerSpec:
     max_new_tokens: int = 256
     fused_kernels: bool = False   # on CUDA: Liger's Triton kernels for RMSNorm, RoPE and SwiGLU (needs liger-kernel)
     lora: LoraConfig | None = None  # train peft LoRA adapters only (the base stays frozen); None: all weights
-    pack_prompts: bool = True     # each group's prompt computed once per micro-batch (train.pack_prompts)
+    pack_prompts: bool = True     # micro-batches as packed rows, each group's prompt once (train.pack_prompts)
 
 
 def _lr_lambda(train: TrainConfig, total_steps: int):
@@ -155,14 +155,17 @@ class Learner:
         # Not under ZeRO-3 (above): its forward gathers each module's parameters in a collective, so every rank must
         # run the same modules in the same order (a rank whose micro-batch has no response token would not).
         packed = None
-        if pack and self.spec.pack_prompts:
+        if pack and self.packs_rows:
             packed = pack_row(mb, segment_attention.attention_width(lm.config), segment_attention.call_cost(dev))
         if packed is not None and packed.tokens:
             segment_attention.require(lm)
+            # A mask of ones: with none, transformers reads the position resets as packed sequences and builds a
+            # [T, T] mask that segment attention would not use.
             hidden = lm.get_decoder()(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
                                       attention_mask=torch.ones_like(packed.input_ids, device=dev),
                                       segments=packed.segments, use_cache=False).last_hidden_state
-            at = hidden[0].index_select(0, packed.src_pos.to(dev))
+            src = packed.src_pos.to(dev)
+            at = _states_at(hidden, torch.zeros_like(src), src)
             where, targets = (packed.dst_row.to(dev), packed.dst_col.to(dev)), packed.targets.to(dev)
         else:
             hidden = lm.get_decoder()(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
@@ -196,10 +199,16 @@ class Learner:
         with torch.no_grad():
             return logp, entropy_from_logits(scaled)
 
+    @property
+    def packs_rows(self) -> bool:
+        """Whether a forward asked to pack (``pack=True``) makes packed rows: ``train.pack_prompts``, not under
+        ZeRO-3 (whose forward runs the whole model on the padded batch)."""
+        return self.spec.pack_prompts and self.zero_stage != 3
+
     def _plan(self, batch: TokenBatch, budget: int, pack: bool) -> list[list[int]]:
         """Rows of ``batch`` into micro-batches of at most ``budget`` tokens: as packed rows hold them where the
-        forward packs (``pack`` and ``train.pack_prompts``, not under ZeRO-3), else as padded rows do."""
-        if pack and self.spec.pack_prompts and self.zero_stage != 3:
+        forward packs (``pack`` and ``packs_rows``), else as padded rows do."""
+        if pack and self.packs_rows:
             return plan_packed_micro_batches(batch.prompt_runs(), batch.lengths.tolist(), budget)
         return plan_micro_batches(batch.lengths.tolist(), budget)
 
@@ -224,8 +233,7 @@ class Learner:
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch, temperature: float | None = None, pack: bool = False) -> torch.Tensor:
         """[B, L-1] logprobs of the current policy at the response tokens (0 elsewhere), in micro-batches, no grad
-        (at the sampling temperature unless ``temperature`` is given). ``pack``: through ``train.pack_prompts``
-        where it pays."""
+        (at the sampling temperature unless ``temperature`` is given). ``pack``: as packed rows where ``packs_rows``."""
         self.engine.eval()
         out = self._no_grad_logprobs(self.engine, batch, temperature=temperature, pack=pack)
         self.engine.train()
@@ -308,7 +316,7 @@ class Learner:
         grad_norms = []
         mismatch_max: float | None = None  # a max over micro-batches, not a mean of theirs
         real_tokens = computed_tokens = 0  # every row's prompt + response; the positions the decoder computed
-        packs = self.spec.pack_prompts and self.zero_stage != 3
+        packs = self.packs_rows
         by_tokens = self.train_cfg.max_tokens_per_microbatch is not None
         for _epoch in range(self.train_cfg.ppo_epochs):
             for m in range(n_minis):
