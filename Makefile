@@ -31,7 +31,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Material for MkDocs prints a banner about its successor on every build
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs docs-check run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
+.PHONY: docs docs-check run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -96,13 +96,21 @@ run-rm: $(STAMP) $(TINY_MODEL)/config.json $(TINY_RM_MODEL)/config.json
 run-smollm2: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json
 	$(BIN)/grpo train --config configs/smollm2-arith.yaml --set run_name=smollm2-arith-$$(date +%Y%m%d-%H%M%S)
 
+# The whole suite on TEST_WORKERS pytest-xdist workers, a module (or a group of modules) at a time each, those that
+# start the stack first (tests/conftest.py). TEST_WORKERS=0 runs it in this process, one test at a time.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
-# The long end-to-end checks (external servers, kill-and-resume, async overlap): minutes each. CI runs them after
-# `make test`.
+# The inner loop while editing: pure-Python and unit tests, no model, engine or Prefect API (about a minute).
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest $(XDIST) -m 'not stack and not e2e and not cluster' $(PYTEST_ARGS)
+
+# The long end-to-end checks (external servers, kill-and-resume, async overlap): minutes each, on the same workers.
+# CI runs them after `make test`.
 test-e2e: $(STAMP)
-	$(BIN)/python -m pytest -m e2e $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m e2e $(PYTEST_ARGS)
 
 # Several hosts for real (as root): network namespaces on a bridge of their own, a Ray cluster across them with the
 # run folder on an S3 host, nodes killed and links cut or slowed mid-run (tests/test_cluster_netns.py, ~15 min);

@@ -37,7 +37,11 @@ def start_cli(config: dict, tmp: Path, log_name: str) -> tuple[subprocess.Popen,
 
 
 def kill_tree(proc: subprocess.Popen) -> int:
-    """SIGKILL the flow process and every process under it (Ray's head, workers and actors, the scorer pool)."""
+    """SIGKILL the flow process and every process under it (Ray's head, workers and actors, the scorer pool).
+
+    The flow process is stopped first, at once: it commits every stage, so nothing more is committed while the tree
+    is listed (on a loaded machine that takes long enough for the next stage to finish)."""
+    proc.send_signal(signal.SIGSTOP)
     tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
     for p in tree:
         try:

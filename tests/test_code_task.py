@@ -12,6 +12,8 @@ from grpo_core.model import tiny
 from grpo_core.rewards.accuracy import code_accuracy
 from grpo_core.sandbox import Sandbox, SandboxLimits
 
+pytestmark = pytest.mark.usefixtures("jail_shared")  # runs programs in the sandbox (tests/jail.py)
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "code"
 
 

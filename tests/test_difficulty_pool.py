@@ -86,6 +86,7 @@ def _config(tiny_model: str, root: Path, run: str, train: Path) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # make test: test_a_pool_restored_from_its_json_state_draws_what_the_uninterrupted_one_does
 @pytest.mark.timeout(900)
 def test_sigkill_then_resume_with_the_difficulty_pool_is_exact(tiny_model, tmp_path, prefect_harness):
     """Ten train prompts, four per iteration: the untrained policy gets most groups all wrong, so the later

@@ -17,7 +17,7 @@ from grpo_core.storage import RunStore
 from tasks.metric_columns import undocumented
 from tests.conftest import REPO, tiny_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.usefixtures("jail_shared")]
 
 RUN = "eval-sets-test"
 SETS = {

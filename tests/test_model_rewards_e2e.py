@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from grpo_core.rewards.models import RewardInput
+from grpo_core.rewards.models.verdicts import parse_number
 from grpo_core.storage import RunStore
 from tests.conftest import REPO, tiny_config
 from tests.vllm_server import Server
@@ -22,6 +23,20 @@ def _rows() -> list[RewardInput]:
     return [RewardInput((("user", q),), "\\boxed{1}", None) for q in QUESTIONS]
 
 
+def _greedy_chat_answers(judge, conversations: list[list[dict]], max_tokens: int) -> list[str]:
+    """The judge model's greedy answers to the conversations rendered with the tokenizer's own chat template, asked
+    of its engine as token ids (not through ``LLM.chat``, the judge's path)."""
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(judge.path)
+    prompts = [{"prompt_token_ids": tokenizer.encode(
+        tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True), add_special_tokens=False)}
+        for c in conversations]
+    outputs = judge.llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+    return [out.outputs[0].text for out in outputs]
+
+
 def _template() -> str:
     """The tiny arithmetic policy as a judge: asked the question itself, its boxed answer is the verdict."""
     return "{question}"
@@ -32,13 +47,17 @@ def test_a_vllm_judge_in_process_gives_parsed_verdicts_with_their_text(tiny_mode
 
     judge = VLLMJudge(tiny_model, template=_template(), verdict="number", score_range=(0.0, 10000.0), max_tokens=12)
     verdicts = judge.score(_rows())
-    assert all(v.raw is not None and "\\boxed{" in v.raw for v in verdicts), verdicts
-    assert all(v.value is not None and 0.0 <= v.value <= 1.0 for v in verdicts), verdicts
-    assert [v.raw for v in judge.score(_rows())] == [v.raw for v in verdicts]  # greedy: the same verdicts again
+    # The verdicts are the model's own greedy answers to the chat (whatever text this CPU's build gives), parsed.
+    expected = _greedy_chat_answers(judge, [judge.conversation(r) for r in _rows()], max_tokens=12)
+    assert [v.raw for v in verdicts] == expected
+    assert verdicts == [parse_number(text, (0.0, 10000.0)) for text in expected]
+    assert all(v.value is None or 0.0 <= v.value <= 1.0 for v in verdicts), verdicts
+    assert [v.raw for v in judge.score(_rows())] == expected  # greedy: the same verdicts again
     yes_no = VLLMJudge.__new__(VLLMJudge)
     yes_no.__dict__.update(judge.__dict__, verdict="yes_no")
-    unparsed = yes_no.score(_rows()[:1])[0]  # a number is no yes/no: unscored, its text kept
-    assert unparsed.value is None and "neither yes nor no" in unparsed.error and "\\boxed{" in unparsed.raw
+    graded = yes_no.score(_rows()[:1])[0]  # P(yes) over the first token's top logprobs, else the text, else None
+    assert graded.raw == expected[0]
+    assert (graded.value is None) == (graded.error == "judge: the verdict is neither yes nor no")
 
 
 def test_a_remote_judge_that_stalls_mid_score_leaves_rows_unscored_with_the_reason(tiny_model, tmp_path):
@@ -50,7 +69,8 @@ def test_a_remote_judge_that_stalls_mid_score_leaves_rows_unscored_with_the_reas
         judge = RemoteJudge(server.url, template=_template(), verdict="number", score_range=(0.0, 10000.0),
                             max_tokens=12, timeout_s=3.0, retries=1)
         first = judge.score(_rows())
-        assert all(v.value is not None and "\\boxed{" in v.raw for v in first), first
+        # the server's greedy answers parsed (whatever text this CPU's build of the model gives)
+        assert all(v.raw and v == parse_number(v.raw, (0.0, 10000.0)) for v in first), first
         server.signal(signal.SIGSTOP)
         stalled = judge.score(_rows())
         assert all(v.value is None and v.error.startswith(f"judge server {server.url} did not answer after 2 "

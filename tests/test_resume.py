@@ -210,6 +210,7 @@ def _run_until_it_gives_up(tiny_model, tmp_path) -> checkpoint.CheckpointRef:
     return latest
 
 
+@pytest.mark.e2e  # make test: the in-flow recovery (above) and the resume of a killed run (test_sigkill_between_stages)
 def test_giving_up_then_prefect_flow_run_retry_resumes_the_run_folder(reference, tiny_model, tmp_path):
     """After the in-flow recoveries are spent the flow run fails naming where to resume; the failed flow run itself
     (same id, same parameters) re-executed by `prefect flow-run retry`, as the UI's Retry button does for a

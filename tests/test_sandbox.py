@@ -17,8 +17,10 @@ from grpo_core.sandbox import (
     outputs_match,
 )
 from grpo_core.sandbox.nsjail import read_verdict
+from tests.jail import jailed_processes
 
-pytestmark = pytest.mark.timeout(120)
+# 300 s: a test may first wait for another module's jails to end (tests/jail.py)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("jail_to_ourselves")]
 
 LIMITS = SandboxLimits(cpu_time_s=2, wall_time_s=4)
 
@@ -229,26 +231,7 @@ def test_check_tests_rejects_bad_arguments(sandbox: Sandbox) -> None:
 
 def test_no_leftover_jail_processes(sandbox: Sandbox) -> None:
     sandbox.run("import os, time\nfor _ in range(5):\n    os.fork() or time.sleep(60)\ntime.sleep(60)")
-    assert _jailed_processes() == []
-
-
-def _jailed_processes() -> list[int]:
-    """Host pids running as the jail's uid 65534 (there should be none once a run has returned)."""
-    import time
-
-    deadline = time.monotonic() + 2.0
-    while True:
-        pids = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.stat(f"/proc/{entry}").st_uid == 65534:
-                        pids.append(int(entry))
-                except FileNotFoundError:
-                    continue
-        if not pids or time.monotonic() > deadline:
-            return pids
-        time.sleep(0.05)
+    assert jailed_processes() == []
 
 
 def test_interpreter_in_private_directory_is_refused(tmp_path) -> None:

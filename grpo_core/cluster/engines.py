@@ -136,11 +136,12 @@ class Engines:
         self.servers_down = 0  # external: times a server stopped answering
         self._transfer_members_changed = False
         self.dtypes: set[str] = set()  # what the engines compute in (model.dtype, auto resolved by each actor)
+        self._owns_ray = False  # start() started or joined Ray itself (close() then stops it)
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> dict[str, Any]:
         """Start (or join) Ray, place the actors and build their engines; returns start-up figures."""
-        start_ray(self.cfg)
+        self._owns_ray = start_ray(self.cfg)
         return self._create()
 
     def _actors(self) -> list:
@@ -224,7 +225,8 @@ class Engines:
                 print(f"could not release the servers' weight-transfer group: {exc}")
         if self._groups or self.samplers:
             self._teardown()
-        stop_ray()
+        if self._owns_ray:  # a Ray the caller connected to before the run stays up
+            stop_ray()
 
     def describe(self) -> str:
         return "; ".join(self._described.get(a, self._role(a)) for a in self._actors())

@@ -64,13 +64,15 @@ def _roles(cfg: GRPOConfig) -> list[tuple[str, int, RoleResources]]:
     return [("sampler", c.samplers, c.sampler_resources), ("learner", c.learners, c.learner_resources)]
 
 
-def start_ray(cfg: GRPOConfig) -> dict[str, Any]:
-    """Connect to ``cluster.ray_address`` or start a local, loopback-only Ray. Returns the cluster resources.
+def start_ray(cfg: GRPOConfig) -> bool:
+    """Connect to ``cluster.ray_address`` or start a local, loopback-only Ray; False when this process is already
+    connected to a Ray (a caller's ``ray.init``, as in a notebook or the test suite), which is then used as it is
+    and left running at the end.
 
     A local Ray gets at least as many logical CPUs as the placement reserves: on a small machine the roles take
     turns (a synchronous iteration samples, then trains), so oversubscribing cores is the expected use."""
     if ray.is_initialized():
-        return ray.cluster_resources()
+        return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if cfg.cluster.ray_address:
         # The driver joins as the node it runs on, named by its address facing the head: 127.0.0.1 for a head on
@@ -79,26 +81,42 @@ def start_ray(cfg: GRPOConfig) -> dict[str, Any]:
         # a multi-homed node or in a network namespace is not where that node's raylet listens.
         ray.init(address=cfg.cluster.ray_address, log_to_driver=cfg.logging.verbose,
                  _node_ip_address=driver_address(cfg.cluster.ray_address))
-    else:
-        roles = _roles(cfg) + [("reward", sum(m.replicas for m in cfg.reward.models.values()),
-                                cfg.cluster.reward_resources)]
-        wanted = sum(count * res.num_cpus for _, count, res in roles)
-        custom: dict[str, float] = {}
-        for _, count, res in roles:
-            for key, amount in res.resources.items():
-                custom[key] = custom.get(key, 0.0) + count * amount
-        custom = {key: math.ceil(total) for key, total in custom.items()}  # a node's resources are whole numbers
-        # "local": always a new cluster of our own (without it ray.init joins any cluster a `ray start` or another
-        # run left on this machine); cluster.ray_address="auto" joins that one on purpose.
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), resources=custom or None,
-                 include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=cfg.logging.verbose,
-                 configure_logging=False)
-    return ray.cluster_resources()
+        return True
+    roles = _roles(cfg) + [("reward", sum(m.replicas for m in cfg.reward.models.values()),
+                            cfg.cluster.reward_resources)]
+    wanted = sum(count * res.num_cpus for _, count, res in roles)
+    custom: dict[str, float] = {}
+    for _, count, res in roles:
+        for key, amount in res.resources.items():
+            custom[key] = custom.get(key, 0.0) + count * amount
+    start_local_ray(max(os.cpu_count() or 1, math.ceil(wanted)), custom, log_to_driver=cfg.logging.verbose)
+    return True
+
+
+def start_local_ray(num_cpus: int, resources: dict[str, float] | None = None, log_to_driver: bool = False) -> None:
+    """A new Ray cluster of this process's own, on 127.0.0.1 only ("local": without it ray.init joins any cluster
+    a `ray start` or another run left on this machine; cluster.ray_address="auto" joins that one on purpose)."""
+    resources = {key: math.ceil(total) for key, total in (resources or {}).items()}  # a node's are whole numbers
+    ray.init(address="local", num_cpus=num_cpus, resources=resources or None, include_dashboard=False,
+             _node_ip_address="127.0.0.1", log_to_driver=log_to_driver, configure_logging=False)
 
 
 def stop_ray() -> None:
     if ray.is_initialized():
         ray.shutdown()
+
+
+def leftovers() -> list[str]:
+    """What runs in this process's Ray cluster now: live actors and placement groups not yet removed (a run that
+    ended leaves none). Read from the GCS, so it works without Ray's dashboard."""
+    from ray._private import state
+    from ray.util import placement_group_table
+
+    actors = [f"actor {a.get('ActorClassName') or a_id} ({a.get('State')})" for a_id, a in state.actors().items()
+              if a.get("State") != "DEAD"]
+    groups = [f"placement group {g.get('name') or pg_id} ({g.get('state')})"
+              for pg_id, g in placement_group_table().items() if g.get("state") != "REMOVED"]
+    return actors + groups
 
 
 def _bundle(res: RoleResources) -> dict[str, float]:

@@ -1,0 +1,43 @@
+"""What the sandbox leaves on the host: processes of the jail's uid (65534) still alive after a run returned."""
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+JAIL_UID = 65534
+# Test modules that run the sandbox hold this lock (tests/conftest.py): shared by those that only use it, exclusive
+# by those that count leftovers, so that no other jail of the suite (another pytest-xdist worker, another pytest
+# run on the machine) runs while they count.
+JAIL_LOCK = "/tmp/grpo-tests-jail.lock"
+
+
+@contextmanager
+def jail_lock(exclusive: bool) -> Iterator[None]:
+    with open(JAIL_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def jailed_processes(timeout_s: float = 15.0) -> list[int]:
+    """Host pids owned by the jail's uid; polls because the kernel reaps a dead PID namespace asynchronously (seconds
+    on a loaded machine; returns as soon as none is left). A module that calls it holds JAIL_LOCK exclusively, so no
+    other jail of the suite is running meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.stat(f"/proc/{entry}").st_uid == JAIL_UID:
+                        pids.append(int(entry))
+                except FileNotFoundError:
+                    continue
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.05)
