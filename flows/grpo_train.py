@@ -107,7 +107,9 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: d
     r = cfg.reward
     reward_models = None
     try:
-        reward_models = RewardModels(cfg) if r.models else None  # after Engines: Ray is up
+        if r.models:  # their actors go on the run's Ray (without it, the first actor started a default Ray)
+            engines.connect()
+        reward_models = RewardModels(cfg) if r.models else None
         scorer = Scorer(reward_type=r.type, rewards=r.rewards, weights=r.weights, num_workers=r.num_workers,
                         timeout_s=r.timeout_s, options=r.options, dedupe=r.dedupe,
                         models=reward_models.clients() if reward_models else None)

@@ -136,12 +136,18 @@ class Engines:
         self.servers_down = 0  # external: times a server stopped answering
         self._transfer_members_changed = False
         self.dtypes: set[str] = set()  # what the engines compute in (model.dtype, auto resolved by each actor)
-        self._owns_ray = False  # start() started or joined Ray itself (close() then stops it)
+        self._connected = False
+        self._owns_ray = False  # connect() started or joined Ray itself (close() then stops it)
 
     # ------------------------------------------------------------------------------------------ lifecycle
+    def connect(self) -> None:
+        """Start (or join) Ray, once: the reward models' actors are placed on it before the engines are."""
+        if not self._connected:
+            self._owns_ray, self._connected = start_ray(self.cfg), True
+
     def start(self) -> dict[str, Any]:
-        """Start (or join) Ray, place the actors and build their engines; returns start-up figures."""
-        self._owns_ray = start_ray(self.cfg)
+        """Connect to Ray, place the actors and build their engines; returns start-up figures."""
+        self.connect()
         return self._create()
 
     def _actors(self) -> list:
