@@ -109,7 +109,7 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: d
     try:
         if r.models:  # their actors go on the run's Ray (without it, the first actor started a default Ray)
             engines.connect()
-        reward_models = RewardModels(cfg) if r.models else None
+            reward_models = RewardModels(cfg)
         scorer = Scorer(reward_type=r.type, rewards=r.rewards, weights=r.weights, num_workers=r.num_workers,
                         timeout_s=r.timeout_s, options=r.options, dedupe=r.dedupe,
                         models=reward_models.clients() if reward_models else None)

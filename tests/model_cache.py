@@ -4,8 +4,9 @@
 policy again (minutes on 2 cores). A build is kept under ``.cache/test-models/<name>-<key>/``, where the key hashes
 every input that can change its bytes: the source of the builder's module and of every project module it imports
 (read from the code, so an edited warm-up rebuilds), the data files it reads, and the versions of torch and
-transformers. The same machine is assumed: a build is float-sensitive across CPU kinds, and the cache is not shared. A folder is published by an atomic rename after ``BUILT`` is written in it, so an
-interrupted build is never reused; a file lock per build makes parallel test workers wait for one build.
+transformers. The same machine is assumed: a build is float-sensitive across CPU kinds, and the cache is not
+shared. A folder is published by an atomic rename after ``BUILT`` is written in it, so an interrupted build is never
+reused; a file lock per build makes parallel test workers wait for one build.
 
 ``GRPO_TEST_MODEL_CACHE=0`` builds into the session's temporary folder instead (nothing kept).
 """
@@ -69,10 +70,11 @@ def build_key(builder_module: str, inputs: list[Path], extra: str = "") -> str:
     return digest.hexdigest()[:16]
 
 
-def cached_build(name: str, key: str, build: Callable[[Path], object], scratch: Path) -> Path:
-    """The folder of a finished build of ``name`` with ``key``: reused when present, else made by ``build(dir)``."""
+def cached_build(name: str, key: str, build: Callable[[Path], object], scratch: Callable[[], Path]) -> Path:
+    """The folder of a finished build of ``name`` with ``key``: reused when present, else made by ``build(dir)``.
+    ``scratch()`` gives a throwaway folder, asked for only when the cache is off."""
     if os.environ.get("GRPO_TEST_MODEL_CACHE", "1") == "0":
-        out = scratch / name
+        out = scratch() / name
         build(out)
         return out
     final = CACHE / f"{name}-{key}"
