@@ -541,16 +541,17 @@ class WeightsConfig(_Section):
                                     "inprocess for colocate, broadcast for split, files for external")
     bucket_mb: int = Field(default=64, ge=1, description="broadcast: tensors travel packed in buckets of this size")
     check_samples: int = Field(
-        default=4, ge=0, description="after each sync, compare sampler and learner logprobs on this many rollout "
-                                     "sequences of every sampler (metric sync_logprob_max_diff); 0: off")
+        default=4, ge=0, description="after a checked sync, every sampler's weights are compared with the "
+                                     "learner's by digest (a sampler with other weights fails the run), and the "
+                                     "logprob gap measured on this many rollout sequences of every sampler "
+                                     "(metrics sync_logprob_*); 0: no check")
     check_every: int = Field(
         default=1, ge=1, description="run that check after every n-th iteration's sync (and the last); the "
                                      "version check before every rollout is never skipped")
     check_tolerance: float | None = Field(
-        default=None, gt=0.0, description="the largest sync_logprob_max_diff a check accepts; beyond it the run "
-                                          "fails (a sampler serving other weights than the learner trains). None: "
-                                          "by the engines' dtype, 1e-3 for float32, 0.25 for bfloat16 "
-                                          "(grpo_core/precision.py)")
+        default=None, gt=0.0, description="optional bound on sync_logprob_max_diff: beyond it the run fails. None "
+                                          "(default): no bound, the digests decide (bfloat16 engines differ by up "
+                                          "to ~0.8 on a real model's rare tokens with identical weights)")
 
 
 class StorageConfig(_Section):

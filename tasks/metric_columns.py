@@ -84,9 +84,14 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
                                   "algo.tis_cap"),
     ),
     "Weight sync": (
-        ("sync_logprob_max_diff", "after a checked sync (weights.check_every): largest |sampler - learner| "
-                                  "logprob over the checked sequences; None when not checked"),
-        ("sync_logprob_max_diff_sampler<k>", "the same for sampler k"),
+        ("sync_tensors_checked", "after a checked sync (weights.check_every): tensors whose digest matched the "
+                                 "learner's on every sampler (a mismatch fails the run); None when not checked"),
+        ("sync_logprob_max_diff", "after a checked sync: largest |sampler - learner| logprob over the checked "
+                                  "sequences' tokens (engine numerics: bfloat16's tails reach 0.3-0.8)"),
+        ("sync_logprob_p99_diff", "the same gap's 99th percentile"),
+        ("sync_logprob_mean_diff", "the same gap's mean"),
+        ("sync_logprob_k3", "k3 estimate of KL(sampler || learner) per checked token"),
+        ("sync_logprob_max_diff_sampler<k>", "the largest gap on sampler k's sequences"),
     ),
     "Evaluation (at iterations with an evaluation, else None)": (
         ("eval_accuracy", "the first eval set's accuracy"),
@@ -100,7 +105,7 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
         ("time_score_s", "scoring"),
         ("time_train_s", "the policy update"),
         ("time_sync_s", "the weight sync"),
-        ("time_sync_check_s", "the post-sync logprob check (None when not checked)"),
+        ("time_sync_check_s", "the post-sync check: digests, then the logprob gap (None when not checked)"),
         ("time_eval_s", "the evaluation (iterations with one)"),
         ("time_total_s", "the whole iteration"),
         ("time_overhead_s", "the iteration minus its stages: orchestration"),

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from grpo_core.precision import LogprobGap
+
 
 @dataclass(frozen=True)
 class RolloutResult:
@@ -145,14 +147,14 @@ class TrainResult:
 
 @dataclass(frozen=True)
 class SyncResult:
-    """One weight sync and, when it was checked, the largest |sampler - learner| logprob gap (overall and per
-    sampler) and the check's seconds."""
+    """One weight sync and, when it was checked, the tensors whose digests matched on every sampler, the logprob
+    gap that remains (``LogprobGap``) and the check's seconds."""
     seconds: float
     version: int
     transport: str
     bytes: float | None = None
-    max_diff: float | None = None
-    per_sampler: dict[int, float] = field(default_factory=dict)
+    tensors_checked: int | None = None
+    gap: LogprobGap | None = None
     check_seconds: float | None = None  # None: not checked
     samplers_replaced: int = 0  # samplers that died earlier and serve again from this sync on
     samplers_out: int = 0  # samplers still out after it (waiting for a node that can hold them, or a server down)
@@ -171,6 +173,15 @@ class IterationTimes:
     stamps: dict[str, float]  # rollout and score stage timestamps
     sync_started_at: float
     sync_ended_at: float
+
+
+def sync_gap_columns(gap: LogprobGap | None) -> dict[str, float | None]:
+    """The logprob gap's metric columns (None when the sync was not checked)."""
+    return {"sync_logprob_max_diff": gap.max_diff if gap else None,
+            "sync_logprob_p99_diff": gap.p99_diff if gap else None,
+            "sync_logprob_mean_diff": gap.mean_diff if gap else None,
+            "sync_logprob_k3": gap.k3 if gap else None,
+            **({f"sync_logprob_max_diff_sampler{i}": d for i, d in gap.per_sampler.items()} if gap else {})}
 
 
 def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, evaluation: EvalResult | None,
@@ -203,8 +214,8 @@ def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, e
         "samplers_replaced": sync.samplers_replaced, "samplers_out": sync.samplers_out,
         "filtered_group_frac": scored.metric("filtered_group_frac"),
         "time_rollout_s": times.rollout_s, "time_score_s": scored.seconds,
-        "sync_logprob_max_diff": sync.max_diff,
-        **{f"sync_logprob_max_diff_sampler{i}": d for i, d in sync.per_sampler.items()},
+        "sync_tensors_checked": sync.tensors_checked,
+        **sync_gap_columns(sync.gap),
         "time_train_s": times.train_s, "time_sync_s": times.sync_s,
         "time_sync_check_s": sync.check_seconds,
         "time_total_s": times.total_s, "time_overhead_s": times.overhead_s,

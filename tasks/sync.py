@@ -23,8 +23,8 @@ def _sync_run_name() -> str:
 @task(name="sync", task_run_name=_sync_run_name, cache_policy=NONE)
 def sync(ctx: RunContext, check: tuple[int, str] | None = None, iteration: int | None = None) -> SyncResult:
     """Push weights (after ``iteration``'s training, if given); with ``check=(iteration, rollout file)`` also
-    measure, on some of that file's sequences of every sampler, that each sampler's logprobs now match the
-    learner's."""
+    check that every sampler was handed the learner's weights (by digest) and measure the logprob gap on some of
+    that file's sequences of every sampler."""
     out = ctx.engines.sync()
     synced = SyncResult(seconds=out["seconds"], version=int(out["version"]), transport=out["transport"],
                         bytes=out.get("bytes"), samplers_replaced=out["samplers_back"],
@@ -34,7 +34,7 @@ def sync(ctx: RunContext, check: tuple[int, str] | None = None, iteration: int |
         return synced
     started = time.perf_counter()
     checked = ctx.engines.check_sync(check_rows(ctx, *check, rows))
-    return replace(synced, max_diff=checked.max_diff, per_sampler=checked.per_sampler,
+    return replace(synced, tensors_checked=checked.tensors, gap=checked.gap,
                    check_seconds=time.perf_counter() - started)
 
 

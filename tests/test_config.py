@@ -304,7 +304,8 @@ def test_data_eval_path_and_eval_datasets_together_are_refused():
                            eval={"datasets": {"x": {"path": "x.jsonl"}}}))
 
 
-@pytest.mark.parametrize("name", ["qwen2.5-0.5b-gsm8k.yaml", "qwen2.5-7b-dapo-math.yaml", "tiny-code.yaml"])
+@pytest.mark.parametrize("name", ["qwen2.5-0.5b-gsm8k.yaml", "qwen2.5-7b-dapo-math.yaml", "tiny-code.yaml",
+                                  "smollm2-arith-bf16.yaml"])
 def test_shipped_real_model_and_code_configs_validate(name):
     """The schema only: the model folders of real-model configs are the user's and need not exist here."""
     cfg = load_config(ROOT / "configs" / name)
@@ -314,6 +315,8 @@ def test_shipped_real_model_and_code_configs_validate(name):
         assert cfg.train.zero_stage == 3 and cfg.rollout.max_staleness == 1
     if name.startswith("qwen2.5-0.5b"):
         assert cfg.cluster.placement == "colocate" and cfg.cluster.learner_resources.num_gpus == 1
+    if name.startswith("smollm2-arith-bf16"):
+        assert cfg.model.dtype == "bfloat16" and cfg.algo.offpolicy == "tis" and cfg.train.lr == 1.5e-5
 
 
 def test_zero_stage_auto_partitions_only_across_several_ranks():
@@ -348,13 +351,13 @@ def test_few_shot_turns_are_user_assistant_pairs_and_eval_sets_inherit_them():
             build_config(_tree(data={"few_shot": bad}))
 
 
-def test_dtype_auto_resolves_by_the_device_and_the_sync_tolerance_follows():
-    from grpo_core.precision import SYNC_TOLERANCE, native_bf16, resolve_dtype, sync_tolerance
+def test_dtype_auto_resolves_by_the_device_and_the_logprob_bound_is_opt_in():
+    from grpo_core.precision import native_bf16, resolve_dtype
 
     assert build_config(_tree(model={"dtype": "auto"})).model.dtype == "auto"
     assert resolve_dtype("auto") == ("bfloat16" if native_bf16() else "float32")
     assert resolve_dtype("float32") == "float32"
-    assert sync_tolerance({"float32"}) == SYNC_TOLERANCE["float32"] < sync_tolerance({"float32", "bfloat16"})
-    assert sync_tolerance({"bfloat16"}, configured=0.01) == 0.01
+    assert build_config(_tree()).weights.check_tolerance is None  # the digests decide; a bound only if asked for
+    assert build_config(_tree(weights={"check_tolerance": 0.5})).weights.check_tolerance == 0.5
     with pytest.raises(ConfigError, match="weights.check_tolerance"):
         build_config(_tree(weights={"check_tolerance": 0}))

@@ -11,6 +11,7 @@ import pytest
 
 from grpo_cli.reference import PAGES, missing_descriptions, stale_pages
 from grpo_core.config import GRPOConfig
+from grpo_core.precision import LogprobGap
 from tasks.metric_columns import COLUMNS, undocumented
 from tasks.results import (EvalResult, InboxResult, IterationTimes, RolloutResult, ScoreResult, SyncResult,
                            TrainResult, iteration_row)
@@ -50,8 +51,9 @@ def test_every_column_of_a_full_metrics_row_is_described():
                                   "distinct_frac": 1.0, "kept_frac": 1.0, "filtered_group_frac": 0.0})
     train = TrainResult(metrics={"loss": 0.1, "grad_norm": 1.0, "lr": 1e-3, "seconds": 1.0, "policy_version": 4},
                         started_at=1.0, ended_at=2.0)
-    sync = SyncResult(seconds=0.1, version=4, transport="inprocess", max_diff=1e-6, per_sampler={0: 1e-6, 1: 2e-6},
-                      check_seconds=0.1)
+    gap = LogprobGap(max_diff=2e-6, per_sampler={0: 1e-6, 1: 2e-6}, p99_diff=2e-6, mean_diff=1e-6, k3=1e-12,
+                     tokens=40)
+    sync = SyncResult(seconds=0.1, version=4, transport="inprocess", tensors_checked=12, gap=gap, check_seconds=0.1)
     times = IterationTimes(eval_s=1.0, rollout_s=1.0, train_s=1.0, sync_s=0.1, total_s=4.0, overhead_s=0.1,
                            stamps={"rollout_started_at": 0.0, "rollout_ended_at": 1.0, "score_started_at": 1.0,
                                    "score_ended_at": 1.1}, sync_started_at=2.0, sync_ended_at=2.1)
@@ -59,6 +61,7 @@ def test_every_column_of_a_full_metrics_row_is_described():
     row |= {"time_checkpoint_s": 0.1, "checkpoint_snapshot_s": 0.1}  # the flow adds these at a checkpoint
     assert undocumented(row) == []
     assert "reward_rm_mean" in row and "sync_logprob_max_diff_sampler1" in row and "pool_skipped" in row
+    assert row["sync_tensors_checked"] == 12 and row["sync_logprob_k3"] == 1e-12
 
 
 def test_undocumented_names_what_no_entry_describes():

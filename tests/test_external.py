@@ -61,7 +61,7 @@ def test_files_to_two_servers_one_stalls_mid_rollout_and_rejoins(servers, tiny_m
     trap = RequestTrap(servers[1].port, store, 0, lambda: servers[1].signal(signal.SIGSTOP))
     cfg = tiny_config(tiny_model, str(tmp_path), iterations=4, eval__interval=0, rollout__temperature=0.7,
                       cluster__placement="external", cluster__servers=[servers[0].url, trap.url],
-                      cluster__sampler_resources={"num_cpus": 0.2}, cluster__server_timeout_s=3.0,
+                      cluster__sampler_resources={"num_cpus": 0.2}, cluster__server_timeout_s=8.0,
                       cluster__server_retries=1, weights__transport="files")
     stop = threading.Event()
 
@@ -85,6 +85,7 @@ def test_files_to_two_servers_one_stalls_mid_rollout_and_rejoins(servers, tiny_m
     assert [r["samplers"] for r in rows] == [2, 2, 1, 2]  # counted at the start of each iteration
     for r in rows:
         assert r["sync_logprob_max_diff"] < 1e-4, r
+        assert r["sync_tensors_checked"] == 26, r  # every tensor of the tiny model, matched by digest on both servers
     assert rows[3]["sync_logprob_max_diff_sampler1"] < 1e-4
     for it in range(4):
         table = pq.read_table(tmp_path / "test" / f"iter-{it:06d}" / "rollouts.parquet")
@@ -110,6 +111,7 @@ def test_lora_adapters_reach_a_server(servers, tiny_model, tmp_path, prefect_har
     assert [r["iteration"] for r in rows] == [0, 1]
     for r in rows:
         assert r["sync_logprob_max_diff"] < 1e-4, r
+        assert r["sync_tensors_checked"] > 0, r  # the adapter's tensors, matched by digest (not an empty set)
     assert server.weight_version() == "test:v2"
     served = {m["id"] for m in httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"]}
     assert "test-v2" in served and "test-v1" not in served  # the previous adapter was unloaded

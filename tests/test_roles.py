@@ -38,9 +38,9 @@ def test_each_role_is_a_module_of_its_own():
 
     assert EngineWorker.__mro__[1:3] == (SamplerRole, LearnerRole)
     sampler_side = {"sample", "generate_eval", "sampler_logprobs", "serve_checkpoint", "receive_weights",
-                    "load_published", "server_alive", "wt_init", "wt_start", "wt_update", "wt_finish"}
+                    "load_published", "served_receipt", "server_alive", "wt_init", "wt_start", "wt_update", "wt_finish"}
     learner_side = {"train", "learner_logprobs", "publish_weights", "publish", "join_transfer", "checkpoint_begin",
-                    "checkpoint_result", "restore", "save_final", "weights_digest", "open_rendezvous"}
+                    "checkpoint_result", "restore", "save_final", "published_receipt", "open_rendezvous"}
     assert sampler_side <= set(vars(SamplerRole)) and not sampler_side & set(vars(LearnerRole))
     assert learner_side <= set(vars(LearnerRole)) and not learner_side & set(vars(SamplerRole))
     for module in ("engine_worker.py", "roles/sampler.py", "roles/learner.py"):

@@ -79,3 +79,39 @@ def test_shared_prompt_prefill_reads_the_cache_and_samples_what_full_prefills_do
         for x, y in zip(a, b):
             assert x.token_ids == y.token_ids
             assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_receipt_is_what_the_loader_was_handed_and_one_ulp_in_one_weight_shows(request, tiny_model, dtype):
+    """The sampler digests every tensor its vLLM worker's loader is handed (``served``), in the dtype it came in.
+    One weight one ulp off (a corrupted sync) gives another digest naming that tensor, although the logprobs can
+    hardly tell (a tolerance on them could never catch it); in float32 and bfloat16 alike."""
+    import torch
+    from safetensors.torch import load_file
+
+    from grpo_core.weights_digest import WeightsDigest
+
+    torch_dtype = getattr(torch, dtype)
+    engine = request.getfixturevalue("sampler") if dtype == "float32" else VLLMSampler(
+        SamplerSpec(model_path=tiny_model, dtype=dtype, kv_cache_mb=64, max_model_len=256))
+    weights = {n: t.to(torch_dtype) for n, t in load_file(f"{tiny_model}/model.safetensors").items()}
+    prompts = _prompts(engine)
+    greedy = engine.generate_greedy(prompts, max_tokens=8)
+    sequences, lens = [p + s.token_ids for p, s in zip(prompts, greedy)], [len(p) for p in prompts]
+
+    engine.load_weights(weights.items(), version=1)
+    published = WeightsDigest.of(weights.items(), tied=True)  # the tiny model is tied: the loader never sees lm_head
+    assert engine.served == published and len(published.tensors) == len(weights) - ("lm_head.weight" in weights)
+    before = engine.score_tokens(sequences, lens)
+
+    name = next(n for n, t in weights.items() if "layers.0" in n and t.ndim == 2)
+    nudged = dict(weights)
+    nudged[name] = weights[name].clone()
+    nudged[name].view(torch.int32 if dtype == "float32" else torch.int16).view(-1)[5] += 1
+    engine.load_weights(nudged.items(), version=1)  # a sync that delivered one weight one ulp off
+    assert published.differences(engine.served) == [f"{name}: other bytes"]
+    after = engine.score_tokens(sequences, lens)
+    assert max(abs(a - b) for x, y in zip(before, after) for a, b in zip(x, y)) < 1e-2
+
+    engine.load_weights(weights.items(), version=0)  # leave the module's sampler as it was
+    assert engine.served == published

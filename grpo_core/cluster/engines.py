@@ -32,8 +32,9 @@ from grpo_core.cluster.ray_cluster import (
 )
 from grpo_core.cluster.weight_client import SamplerWeightClient
 from grpo_core.config import GRPOConfig
-from grpo_core.precision import sync_tolerance
+from grpo_core.precision import LogprobGap, logprob_gap
 from grpo_core.rollout.server import ServerUnavailable
+from grpo_core.weights_digest import Receipt, compare_receipts, describe
 from grpo_core.weights.transport import make_transport
 
 
@@ -42,8 +43,8 @@ class EngineLost(RuntimeError):
 
 
 class SyncCheckFailed(RuntimeError):
-    """After a sync a sampler's logprobs differ from the learner's beyond the dtype's tolerance: it serves other
-    weights than the learner trains."""
+    """After a sync a sampler serves other weights than the learner published: another version, or tensors whose
+    digest differs (or, when ``weights.check_tolerance`` is set, logprobs further apart than it allows)."""
 
 
 class EngineStartError(RuntimeError):
@@ -91,30 +92,35 @@ def merge_train_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SyncCheck:
-    """The sync check's figures: the largest |sampler logprob - learner logprob|, overall and per sampler id."""
-    max_diff: float
-    per_sampler: dict[int, float]
+    """A passed sync check: every sampler was handed the learner's tensors (``tensors`` of them, by digest), and
+    the logprob gap that remains between the two engines on the same tokens (``LogprobGap``)."""
+    tensors: int
+    gap: LogprobGap
 
 
-def compare_sync(ids: list[int], sampled: list[list[list[float]]], learned: list[list[float]], tolerance: float,
-                 dtype: str) -> SyncCheck:
-    """The sync check: per sampler (``ids``, with ``sampled[k]`` its sequences' logprobs) and overall, the largest
-    |sampler logprob - learner logprob| (``learned``: every sampler's sequences in that order). Raises
-    ``SyncCheckFailed`` beyond ``tolerance``."""
-    per_sampler: dict[int, float] = {}
-    k = 0
-    for i, seqs in zip(ids, sampled):
-        diffs = [abs(a - b) for sa, la in zip(seqs, learned[k:k + len(seqs)]) for a, b in zip(sa, la)]
-        k += len(seqs)
-        per_sampler[i] = max(diffs, default=0.0)
-    worst = max(per_sampler.values(), default=0.0)
-    if worst > tolerance:
-        bad = {i: round(d, 6) for i, d in per_sampler.items() if d > tolerance}
+def check_weights(published: Receipt, served: dict[int, Receipt]) -> int:
+    """The sync check proper: every sampler's receipt (version and digest of what its loader was handed) against
+    the learner's. Raises ``SyncCheckFailed`` naming each sampler that differs and how; returns the tensors
+    compared."""
+    problems = compare_receipts(published, served)
+    total = len(published.digest.tensors) if published.digest is not None else 0
+    if any(problems.values()):
+        raise SyncCheckFailed(f"after the sync to version {published.version}, sampler(s) "
+                              f"{sorted(i for i, p in problems.items() if p)} serve other weights than the learner "
+                              f"published: {describe(problems, total)}")
+    return total
+
+
+def check_gap(gap: LogprobGap, tolerance: float | None, dtype: str) -> None:
+    """``weights.check_tolerance``, when set: a bound on the largest logprob gap (off by default: the digests
+    decide whether a sync worked; the gap also measures numerics, and bfloat16's tails reach 0.3-0.8 on a real
+    model with identical weights)."""
+    if tolerance is not None and gap.max_diff > tolerance:
+        bad = {i: round(d, 6) for i, d in gap.per_sampler.items() if d > tolerance}
         raise SyncCheckFailed(
-            f"after the sync, sampler(s) {sorted(bad)} serve other weights than the learner trains: |sampler logprob "
-            f"- learner logprob| up to {worst:.3g} (per sampler {bad}), beyond the tolerance {tolerance:g} for "
-            f"{dtype} engines (weights.check_tolerance)")
-    return SyncCheck(max_diff=worst, per_sampler=per_sampler)
+            f"after the sync, sampler(s) {sorted(bad)} differ from the learner beyond weights.check_tolerance: "
+            f"|sampler logprob - learner logprob| up to {gap.max_diff:.3g} (per sampler {bad}), above "
+            f"{tolerance:g} for {dtype} engines")
 
 
 class Engines:
@@ -541,24 +547,30 @@ class Engines:
         return version
 
     def check_sync(self, rows: dict[int, tuple[list[list[int]], list[int]]]) -> SyncCheck:
-        """Max |sampler logprob - learner logprob| over some sequences of every sampler (``{sampler_id:
-        (sequences, prompt lengths)}``), right after a sync. Beyond the engines' dtype tolerance it means a sampler
-        serves other weights than the learner trains: ``SyncCheckFailed``."""
+        """Right after a sync: every sampler in ``rows`` must have been handed exactly the learner's weights
+        (``check_weights``: versions and per-tensor digests), else ``SyncCheckFailed``. Then the logprob gap on
+        some of each sampler's sequences (``{sampler_id: (sequences, prompt lengths)}``), a measure of the engines'
+        numerical mismatch."""
         ids = sorted(rows)
         actors = [self.samplers[i] for i in ids]
+        published = self._on_rank0(lambda a: a.published_receipt.remote(), "published_receipt")
+        served = self._get([a.served_receipt.remote() for a in actors], actors, "served_receipt")
+        tensors = check_weights(published, dict(zip(ids, served)))
         sampled = self._get([a.sampler_logprobs.remote(*rows[i]) for a, i in zip(actors, ids)], actors,
                             "sampler_logprobs")
         seqs = [s for i in ids for s in rows[i][0]]
         lens = [p for i in ids for p in rows[i][1]]
         learned = self._on_learners(lambda a: a.learner_logprobs.remote(seqs, lens), "learner_logprobs")[0]
-        return compare_sync(ids, sampled, learned, sync_tolerance(self.dtypes, self.cfg.weights.check_tolerance),
-                            "/".join(sorted(self.dtypes)) or "float32")
+        gap = logprob_gap(ids, sampled, learned)
+        check_gap(gap, self.cfg.weights.check_tolerance, "/".join(sorted(self.dtypes)) or "float32")
+        return SyncCheck(tensors=tensors, gap=gap)
 
     def serve_checkpoint(self, model_dir: str, version: int) -> float:
         return max(self._on_samplers(lambda a: a.serve_checkpoint.remote(model_dir, version), "serve_checkpoint"))
 
-    def weights_digest(self) -> str:
-        return self._on_rank0(lambda a: a.weights_digest.remote(), "weights_digest")
+    def published_receipt(self) -> Receipt:
+        """The learner's version and the digest of its weights as published (tests: that training changed them)."""
+        return self._on_rank0(lambda a: a.published_receipt.remote(), "published_receipt")
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def checkpoint_begin(self, iteration: int) -> dict[str, Any]:

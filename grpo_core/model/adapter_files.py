@@ -5,8 +5,10 @@ import os
 
 # A folder holding this file is a peft adapter, not a full model.
 ADAPTER_CONFIG = "adapter_config.json"
+# The adapter's tensors.
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # What a sampler needs to load an adapter folder (the store copies these when it is remote).
-ADAPTER_FILES = (ADAPTER_CONFIG, "adapter_model.safetensors")
+ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
 
 
 def is_adapter_dir(folder: str) -> bool:

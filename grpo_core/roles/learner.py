@@ -7,7 +7,6 @@ transport); learner methods read their inputs from the run folder and write thei
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import tempfile
@@ -26,6 +25,7 @@ from grpo_core.netaddr import listening_socket
 from grpo_core.storage import RunStore
 from grpo_core.train.batch import pack_batch
 from grpo_core.train.learner import Learner, LearnerSpec
+from grpo_core.weights_digest import Receipt, WeightsDigest
 from grpo_core.weights.files import FilesTransport
 from grpo_core.weights.transport import Ends, Transport
 
@@ -253,15 +253,17 @@ class LearnerRole:
         snap.update(_tokenizer_snapshot(self.cfg.model.path))
         return snap
 
-    def weights_digest(self) -> str:
-        """sha256 over the learner's parameters: tests check that training changed them."""
+    def published_receipt(self) -> Receipt | None:
+        """The learner's side of the sync check: its version and the digest of what the transports publish (the
+        state dict as sent, less a tied output layer; with LoRA the adapter). Every rank joins (ZeRO-3 gathers the
+        weights); rank 0 answers."""
         if self._joins_gather_only():
-            return ""
-        h = hashlib.sha256()
-        for name, t in self.learner.named_weights():
-            h.update(name.encode())
-            h.update(t.float().cpu().numpy().tobytes())
-        return h.hexdigest()
+            return None
+        learner = self.learner
+        if self.cfg.model.lora is not None:
+            return Receipt(learner.version, WeightsDigest.of(learner.adapter_weights().items()))
+        tied = bool(getattr(learner.engine.module.config, "tie_word_embeddings", False))
+        return Receipt(learner.version, WeightsDigest.of(learner.named_weights(), tied=tied))
 
 
 def _masks(data: dict[str, list]) -> list[list[int]]:

@@ -19,6 +19,7 @@ from grpo_core.data.schemas import episode_columns, sample_rows
 from grpo_core.envs.factory import EpisodeSource
 from grpo_core.roles.threads import pin_torch_threads
 from grpo_core.rollout.sampler import Sample, SamplerSpec, VLLMSampler
+from grpo_core.weights_digest import Receipt
 from grpo_core.weights.files import FilesTransport, serve_folder
 from grpo_core.weights.lora import is_adapter_dir
 from grpo_core.weights.transfer import register_backends
@@ -131,6 +132,11 @@ class SamplerRole:
             self.sampler.serve_base(version)
             return time.perf_counter() - started
         return serve_folder(self.sampler, model_dir, version)
+
+    def served_receipt(self) -> Receipt:
+        """The sampler's side of the sync check: the version it serves and the digest of what its engine's loader
+        was last handed."""
+        return Receipt(self.sampler.version, self.sampler.served)
 
     def receive_weights(self, version: int) -> None:
         """Sampler side of ``weights.transport``, after every learner rank published ``version``."""

@@ -15,6 +15,8 @@ from typing import Iterable
 
 import torch
 
+from grpo_core.weights_digest import WeightsDigest, adapter_digest
+
 
 @dataclass
 class Sample:
@@ -98,6 +100,9 @@ class VLLMSampler:
         # With tied embeddings the output layer IS the embedding: vLLM has no separate lm_head weight to load.
         self._tied = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
         self._tokenizer = self.llm.get_tokenizer()
+        # The digest of the weights (or LoRA adapter) last handed to the engine's loader; None until the first load
+        # (the model folder it was built from).
+        self.served: WeightsDigest | None = None
 
     def generate(self, prompts: list[list[int]], *, n: int, max_tokens: int | list[int], temperature: float = 1.0,
                  top_p: float = 1.0, seeds: list[int] | None = None) -> list[list[Sample]]:
@@ -166,6 +171,7 @@ class VLLMSampler:
             raise RuntimeError("this sampler was built without LoRA (SamplerSpec.max_lora_rank); it cannot serve "
                                "an adapter")
         started = time.perf_counter()
+        served = adapter_digest(adapter_dir)
         self._lora_ids += 1
         request = LoRARequest(lora_name=f"policy-v{version}-{self._lora_ids}", lora_int_id=self._lora_ids,
                               lora_path=os.path.abspath(adapter_dir))
@@ -175,7 +181,7 @@ class VLLMSampler:
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
         self.llm.reset_prefix_cache()
-        self.version = version
+        self.version, self.served = version, served
         return time.perf_counter() - started
 
     def serve_base(self, version: int) -> None:
@@ -185,7 +191,7 @@ class VLLMSampler:
             self.llm.llm_engine.remove_lora(self._lora.lora_int_id)
             self._lora = None
         self.llm.reset_prefix_cache()
-        self.version = version
+        self.version, self.served = version, WeightsDigest({})  # no adapter
 
     @property
     def adapter(self) -> str | None:
@@ -199,16 +205,27 @@ class VLLMSampler:
                                "adapters (load_adapter), never as full weights")
         started = time.perf_counter()
         weights = [(n, t) for n, t in named_tensors if not (self._tied and n == "lm_head.weight")]
+        self._open_receipt()
         self.llm.collective_rpc("grpo_load_weights", args=(weights,))
+        self.served = self._close_receipt()
         self.llm.reset_prefix_cache()
         self.version = version
         return time.perf_counter() - started
+
+    def _open_receipt(self) -> None:
+        self.served = None  # whatever arrives from now on replaces what was served
+        self.llm.collective_rpc("grpo_receipt_begin")
+
+    def _close_receipt(self) -> WeightsDigest:
+        """What every worker's loader was handed since ``_open_receipt`` (one digest: they all get every tensor)."""
+        return agreed_receipt(self.llm.collective_rpc("grpo_receipt_end"), "this sampler")
 
     # vLLM's RL weight-transfer lifecycle (broadcast, cuda_ipc): the trainer drives these four through a client.
     def init_transfer(self, init_info: dict) -> None:
         self.llm.init_weight_transfer_engine({"init_info": init_info})
 
     def start_transfer(self) -> None:
+        self._open_receipt()
         self.llm.start_weight_update()
 
     def receive(self, update_info: dict) -> None:
@@ -218,6 +235,7 @@ class VLLMSampler:
         """Finish the update (our engines rebuild a tied CPU lm_head there); serve it as ``version`` (None: keep the
         version number)."""
         self.llm.finish_weight_update()
+        self.served = self._close_receipt()
         self.llm.reset_prefix_cache()
         if version is not None:
             self.version = version
@@ -243,6 +261,19 @@ class VLLMSampler:
         tokens = iter(token_lists)
         return [[Sample(token_ids=(ids := next(tokens)), logprobs=_sampled_logprobs(c, ids), text=next(texts),
                         finish_reason=str(c.finish_reason)) for c in completions] for completions in groups]
+
+
+def agreed_receipt(per_worker: list[str | None], where: str) -> WeightsDigest:
+    """One engine's receipt from its workers' (JSON, ``WeightReceiver.grpo_receipt_end``): with tensor parallelism
+    every worker is handed every tensor, so they must agree."""
+    if not per_worker or per_worker[0] is None:
+        raise RuntimeError(f"{where}: no weight receipt was open in the vLLM worker (grpo_receipt_begin not called)")
+    digests = [WeightsDigest.from_json(text) for text in per_worker]
+    for rank, other in enumerate(digests[1:], start=1):
+        if other != digests[0]:
+            raise RuntimeError(f"{where}: vLLM worker {rank} was handed other weights than worker 0: "
+                               + "; ".join(digests[0].differences(other)[:5]))
+    return digests[0]
 
 
 def per_prompt(max_tokens: int | list[int], count: int) -> list[int]:

@@ -18,7 +18,8 @@ from typing import Any
 
 import httpx
 
-from grpo_core.rollout.sampler import Sample, per_prompt
+from grpo_core.rollout.sampler import Sample, agreed_receipt, per_prompt
+from grpo_core.weights_digest import WeightsDigest, adapter_digest
 
 _BACKOFF_S = 0.5
 
@@ -42,6 +43,8 @@ class ServerSampler:
         self.max_model_len: int | None = card.get("max_model_len")  # tokens per sequence (prompt + response)
         self.load_seconds = time.perf_counter() - started
         self._adapter: str | None = None  # the LoRA adapter requests name (None: the base model)
+        # The digest of what this client last had the server's loader take (``VLLMSampler.served``); None until then.
+        self.served: WeightsDigest | None = None
 
     # ------------------------------------------------------------------------------------------------ http
     def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
@@ -157,11 +160,25 @@ class ServerSampler:
     def _load_path(self, path: str, storage_options: dict[str, Any], weight_version: str) -> float:
         """Full weights from a folder the server reads itself (our ``grpo`` backend's files route); no adapter."""
         started = time.perf_counter()
+        self._open_receipt()
         self._post("/start_weight_update")
         self._post("/update_weights", {"update_info": {"path": path, "storage_options": storage_options}})
         self._post("/finish_weight_update", {"weight_version": weight_version})
+        self.served = self._close_receipt()
         self._drop_adapter()
         return time.perf_counter() - started
+
+    def _rpc(self, method: str) -> list:
+        return self._post("/collective_rpc", {"method": method}).json().get("results") or [None]
+
+    def _open_receipt(self) -> None:
+        """Digest what the server's loader is handed from now on (``WeightReceiver.grpo_receipt_begin``, through
+        vLLM's dev route ``/collective_rpc``)."""
+        self.served = None
+        self._rpc("grpo_receipt_begin")
+
+    def _close_receipt(self) -> WeightsDigest:
+        return agreed_receipt(self._rpc("grpo_receipt_end"), f"server {self.url}")
 
     def _drop_adapter(self) -> None:
         if self._adapter is not None:
@@ -181,7 +198,9 @@ class ServerSampler:
         started = time.perf_counter()
         name = f"{self.tag}-v{version}"
         if name != self._adapter:
+            served = adapter_digest(adapter_dir)  # the folder the server reads (LoRA servers share the run's disk)
             self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": adapter_dir})
+            self.served = served
             old, self._adapter = self._adapter, name
             if old is not None:
                 self._post("/v1/unload_lora_adapter", {"lora_name": old})
@@ -191,6 +210,7 @@ class ServerSampler:
     def serve_base(self, version: int) -> None:
         """LoRA: drop the adapter and serve the base model alone as ``version``."""
         self._drop_adapter()
+        self.served = WeightsDigest({})  # no adapter
         self._post("/update_weight_version", {"new_version": self._tag(version)})
 
     # vLLM's weight-transfer lifecycle over the server's RL routes (broadcast; the gloo trainer engine drives it)
@@ -198,6 +218,7 @@ class ServerSampler:
         self._post("/init_weight_transfer_engine", {"init_info": init_info})
 
     def start_transfer(self) -> None:
+        self._open_receipt()
         self._post("/start_weight_update")
 
     def receive(self, update_info: dict) -> None:
@@ -205,6 +226,7 @@ class ServerSampler:
 
     def finish_transfer(self, version: int | None) -> None:
         self._post("/finish_weight_update", None if version is None else {"weight_version": self._tag(version)})
+        self.served = self._close_receipt()
         self._adapter = None
 
     def shutdown_transfer(self) -> None:
