@@ -82,18 +82,22 @@ def test_shared_prompt_prefill_reads_the_cache_and_samples_what_full_prefills_do
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_receipt_is_what_the_loader_was_handed_and_one_ulp_in_one_weight_shows(request, tiny_model, dtype):
+def test_the_receipt_is_what_the_loader_was_handed_and_one_ulp_in_one_weight_shows(tiny_model, dtype):
     """The sampler digests every tensor its vLLM worker's loader is handed (``served``), in the dtype it came in.
     One weight one ulp off (a corrupted sync) gives another digest naming that tensor, although the logprobs can
     hardly tell (a tolerance on them could never catch it); in float32 and bfloat16 alike."""
+    import gc
+
     import torch
     from safetensors.torch import load_file
 
     from grpo_core.weights_digest import WeightsDigest
 
     torch_dtype = getattr(torch, dtype)
-    engine = request.getfixturevalue("sampler") if dtype == "float32" else VLLMSampler(
-        SamplerSpec(model_path=tiny_model, dtype=dtype, kv_cache_mb=64, max_model_len=256))
+    # An engine of an earlier test (the unshared one above) tears vLLM's process-wide groups down when the garbage
+    # collector reaches it: let that happen now, not while this test's own engine runs.
+    gc.collect()
+    engine = VLLMSampler(SamplerSpec(model_path=tiny_model, dtype=dtype, kv_cache_mb=64, max_model_len=256))
     weights = {n: t.to(torch_dtype) for n, t in load_file(f"{tiny_model}/model.safetensors").items()}
     prompts = _prompts(engine)
     greedy = engine.generate_greedy(prompts, max_tokens=8)
@@ -113,5 +117,7 @@ def test_the_receipt_is_what_the_loader_was_handed_and_one_ulp_in_one_weight_sho
     after = engine.score_tokens(sequences, lens)
     assert max(abs(a - b) for x, y in zip(before, after) for a, b in zip(x, y)) < 1e-2
 
-    engine.load_weights(weights.items(), version=0)  # leave the module's sampler as it was
+    engine.load_weights(weights.items(), version=0)
     assert engine.served == published
+    del engine
+    gc.collect()
