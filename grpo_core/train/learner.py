@@ -19,9 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo_core.algo import (
-    aggregate_loss, entropy_from_logits, kl_penalty, loss_denominator, offpolicy_weights, policy_loss,
-)
+from grpo_core.algo import entropy_from_logits, loss_denominator, policy_objective
 from grpo_core.checkpoint import Snapshot
 from grpo_core.config import AlgoConfig, LoraConfig, TrainConfig, zero_stage_for
 from grpo_core.train.batch import (TokenBatch, equal_counts, pack_row, plan_micro_batches, plan_packed_micro_batches,
@@ -335,36 +333,17 @@ class Learner:
                     width = logp.shape[1]
                     mb_old = logp.detach() if old_logp is None else \
                         old_logp[mini_idx][idx][:, :width].to(self.device)
-                    is_weights, offpolicy = None, {}
-                    # the sampler/learner agreement on every token is measured without a correction too
                     a = self.algo
-                    kind = a.offpolicy or "none"  # None: an AlgoConfig outside a run config (benchmarks)
-                    if kind != "none" or mb.has_sampler_logprobs:
-                        is_weights, offpolicy = offpolicy_weights(
-                            mb_old, mb.sampler_logprobs[:, :width].to(self.device), mask, kind,
-                            advantages=mb.advantages.to(self.device), cap=a.tis_cap or 0.0, band=a.offpolicy_band,
-                            kl_threshold=a.offpolicy_kl_threshold)
-                    if "mismatch_abs_logp_max" in offpolicy:
-                        mismatch_max = max(mismatch_max or 0.0, offpolicy.pop("mismatch_abs_logp_max"))
-                    record(offpolicy)
-                    loss, metrics = policy_loss(
-                        logp, mb_old, mb.advantages.to(self.device), mask,
-                        clip_eps_low=self.algo.clip_eps_low, clip_eps_high=self.algo.clip_eps_high,
-                        ratio_level=self.algo.ratio_level, dual_clip=self.algo.dual_clip,
-                        skip_threshold=self.algo.skip_threshold, agg_mode=agg, norm_length=norm_length,
-                        is_weights=is_weights, global_denominator=denom)
-                    record({f"pg_{k}" if k in ("loss",) else k: v for k, v in metrics.items()})
-                    if ref_logp is not None and not self.algo.kl_in_reward:
-                        kl, kl_metrics = kl_penalty(logp, ref_logp[mini_idx][idx][:, :width].to(self.device),
-                                                    estimator=self.algo.kl_estimator, mask=mask)
-                        loss = loss + self.algo.kl_coeff * aggregate_loss(
-                            kl, mask, agg, norm_length=norm_length, global_denominator=denom)
-                        record({"kl_ref": float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))})
-                    if self.algo.entropy_coeff > 0:  # entropy bonus: maximise entropy, aggregated like the loss
-                        loss = loss - self.algo.entropy_coeff * aggregate_loss(
-                            entropy, mask, agg, norm_length=norm_length, global_denominator=denom)
-                    tokens = mask.sum().clamp(min=1)
-                    record({"entropy": float((entropy.detach() * mask).sum() / tokens)})
+                    # the sampler/learner agreement on every token is measured without a correction too
+                    sampler_logp = mb.sampler_logprobs[:, :width].to(self.device) \
+                        if (a.offpolicy or "none") != "none" or mb.has_sampler_logprobs else None
+                    loss, metrics = policy_objective(
+                        logp, mb_old, mb.advantages.to(self.device), mask, a, entropy=entropy, denominator=denom,
+                        norm_length=norm_length, sampler_logprobs=sampler_logp,
+                        ref_logprobs=None if ref_logp is None else ref_logp[mini_idx][idx][:, :width].to(self.device))
+                    if "mismatch_abs_logp_max" in metrics:
+                        mismatch_max = max(mismatch_max or 0.0, metrics.pop("mismatch_abs_logp_max"))
+                    record(metrics)
                     self.engine.backward(loss * world_size if world_size > 1 else loss, scale_wrt_gas=False)
                     # DeepSpeed records the pre-clip norm under ZeRO 1-3 only; without ZeRO it clips, unrecorded.
                     unrecorded = self.zero_stage == 0 and self.engine.is_gradient_accumulation_boundary()
