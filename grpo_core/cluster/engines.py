@@ -34,8 +34,8 @@ from grpo_core.cluster.weight_client import SamplerWeightClient
 from grpo_core.config import GRPOConfig
 from grpo_core.precision import LogprobGap, logprob_gap
 from grpo_core.rollout.server import ServerUnavailable
-from grpo_core.weights_digest import Receipt, compare_receipts, describe
 from grpo_core.weights.transport import make_transport
+from grpo_core.weights_digest import Receipt, compare_receipts, describe
 
 
 class EngineLost(RuntimeError):
@@ -553,7 +553,7 @@ class Engines:
         numerical mismatch."""
         ids = sorted(rows)
         actors = [self.samplers[i] for i in ids]
-        published = self._on_rank0(lambda a: a.published_receipt.remote(), "published_receipt")
+        published = self.published_receipt()
         served = self._get([a.served_receipt.remote() for a in actors], actors, "served_receipt")
         tensors = check_weights(published, dict(zip(ids, served)))
         sampled = self._get([a.sampler_logprobs.remote(*rows[i]) for a, i in zip(actors, ids)], actors,
@@ -569,7 +569,8 @@ class Engines:
         return max(self._on_samplers(lambda a: a.serve_checkpoint.remote(model_dir, version), "serve_checkpoint"))
 
     def published_receipt(self) -> Receipt:
-        """The learner's version and the digest of its weights as published (tests: that training changed them)."""
+        """The learner's side of the sync check: its version and the digest of its weights as the transports
+        publish them."""
         return self._on_rank0(lambda a: a.published_receipt.remote(), "published_receipt")
 
     # ------------------------------------------------------------------------------------------ checkpoints
