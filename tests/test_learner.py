@@ -248,13 +248,15 @@ def test_every_zero_stage_reports_the_pre_clip_gradient_norm(tiny_model, stage):
     assert norm == pytest.approx(reference, rel=1e-4)
 
 
-def test_bfloat16_trains_on_float32_master_weights_and_resumes_exactly(tiny_model, tmp_path):
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_bfloat16_trains_on_float32_master_weights_and_resumes_exactly(tiny_model, tmp_path, rounding):
     """model.dtype bfloat16: the module computes in bf16, DeepSpeed's BF16 optimizer (ZeRO-1, auto with one rank)
-    keeps float32 master weights and accumulates gradients in float32; a snapshot restores it bit-identically."""
+    keeps float32 master weights and accumulates gradients in float32; a snapshot restores it bit-identically, with
+    the bf16 copies rounded to nearest or stochastically (noise drawn from the seed and the policy version)."""
     from grpo_core.checkpoint import CheckpointWriter
     from grpo_core.storage import RunStore
 
-    learner = _learner(tiny_model, micro=4, accum=2, dtype="bfloat16", lr=1e-3)
+    learner = _learner(tiny_model, micro=4, accum=2, dtype="bfloat16", lr=1e-3, bf16_rounding=rounding)
     assert learner.zero_stage == 1 and type(learner.optimizer).__name__ == "BF16_Optimizer"
     assert {p.dtype for p in learner.engine.module.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in learner.optimizer.fp32_groups_flat_partition} == {torch.float32}
@@ -266,11 +268,31 @@ def test_bfloat16_trains_on_float32_master_weights_and_resumes_exactly(tiny_mode
     store = RunStore(str(tmp_path), "run")
     CheckpointWriter(store, "ckpt", learner.snapshot(rank=0)).start().result(wait=True)
     learner.train_step(_batch(seed=1))
-    restored = _learner(tiny_model, micro=4, accum=2, dtype="bfloat16", lr=1e-3)
+    restored = _learner(tiny_model, micro=4, accum=2, dtype="bfloat16", lr=1e-3, bf16_rounding=rounding)
     restored.load_state(str(tmp_path / "run" / "ckpt"), rank=0, policy_version=1)
     restored.train_step(_batch(seed=1))
     a, b = _weights(learner), _weights(restored)
     assert all(torch.equal(a[k], b[k]) for k in a), "the restored bf16 learner diverged"
+
+
+def test_stochastic_bf16_rounding_lets_updates_below_a_bf16_step_reach_the_weights(tiny_model):
+    """At a learning rate far below a bf16 step, round-to-nearest drops most of an update from the bf16 weights the
+    engines compute with; stochastic rounding carries it on average: the bf16 weights move along the float32
+    masters' step by its full size."""
+    carried = {}
+    for rounding in ("nearest", "stochastic"):
+        learner = _learner(tiny_model, micro=4, accum=2, dtype="bfloat16", lr=1e-6, bf16_rounding=rounding)
+        weights = lambda: torch.cat([p.detach().float().reshape(-1) for p in learner.engine.module.parameters()])
+        masters = lambda: torch.cat([m.detach().reshape(-1) for m in learner.optimizer.fp32_groups_flat_partition])
+        before, masters_before = weights(), masters().clone()
+        learner.train_step(_batch())
+        n = before.numel()  # the flat masters may end in alignment padding
+        step = (masters() - masters_before)[:n].double()
+        assert 0 < step.abs().max() < 1e-5  # Adam's first step: about lr per weight, far below a bf16 step
+        # the bf16 weights' move projected on the masters' step, against the step's size
+        carried[rounding] = ((weights() - before).double() * step.sign()).sum().item() / step.abs().sum().item()
+    print(f"share of the masters' step carried into the bf16 weights: {carried}")
+    assert carried["stochastic"] == pytest.approx(1.0, abs=0.1) and carried["nearest"] < 0.5, carried
 
 
 def test_gradient_checkpointing_gives_the_same_step(tiny_model):

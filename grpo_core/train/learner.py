@@ -21,6 +21,7 @@ import torch
 
 from grpo_core.algo import entropy_from_logits, loss_denominator, policy_objective
 from grpo_core.checkpoint import Snapshot
+from grpo_core.train.bf16_rounding import is_bf16_optimizer, round_stochastically
 from grpo_core.config import AlgoConfig, LoraConfig, TrainConfig, zero_stage_for
 from grpo_core.train.batch import (TokenBatch, equal_counts, pack_row, plan_micro_batches, plan_packed_micro_batches,
                                    token_logprobs, token_logprobs_and_entropy)
@@ -125,6 +126,9 @@ class Learner:
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
         self.device = self.engine.device
+        if dtype == torch.bfloat16 and (train.bf16_rounding == "stochastic" or (
+                train.bf16_rounding == "auto" and is_bf16_optimizer(self.optimizer))):
+            round_stochastically(self.optimizer, spec.seed, lambda: self.version)
         self.ref_model = None
         if algo.kl_coeff > 0 and spec.lora is None:  # with LoRA the reference is the base: the adapter disabled
             self.ref_model = AutoModelForCausalLM.from_pretrained(
