@@ -262,8 +262,7 @@ class LearnerRole:
         learner = self.learner
         if self.cfg.model.lora is not None:
             return Receipt(learner.version, WeightsDigest.of(learner.adapter_weights().items()))
-        tied = bool(getattr(learner.engine.module.config, "tie_word_embeddings", False))
-        return Receipt(learner.version, WeightsDigest.of(learner.named_weights(), tied=tied))
+        return Receipt(learner.version, WeightsDigest.of(learner.named_weights(), tied=learner.tied_output))
 
 
 def _masks(data: dict[str, list]) -> list[list[int]]:

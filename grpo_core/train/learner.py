@@ -433,6 +433,12 @@ class Learner:
         self.engine.module.save_pretrained(folder)
         return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
 
+    @property
+    def tied_output(self) -> bool:
+        """Whether the output layer IS the embedding: ``lm_head.weight`` is then never published (HF drops it, vLLM
+        has no separate weight to load)."""
+        return bool(getattr(self.engine.module.config, "tie_word_embeddings", False))
+
     def hf_snapshot(self) -> Snapshot:
         """The policy in HF format, copied now: one safetensors file + config that transformers and vLLM load;
         with LoRA the adapter in peft format (``save_adapter``), to be loaded on the base model."""
@@ -440,7 +446,7 @@ class Learner:
             return self._adapter_snapshot()
         module = self.engine.module
         tensors = {name: t.to("cpu", copy=True).contiguous() for name, t in self.named_weights()}
-        if getattr(module.config, "tie_word_embeddings", False):
+        if self.tied_output:
             tensors.pop("lm_head.weight", None)  # the embedding is the output layer; HF drops the tied copy too
         snap = Snapshot()
         snap.add_safetensors("model.safetensors", tensors)

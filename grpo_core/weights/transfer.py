@@ -134,7 +134,7 @@ def learner_source(learner) -> Any:
     import torch
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
-    tied = bool(getattr(learner.engine.module.config, "tie_word_embeddings", False))
+    tied = learner.tied_output
 
     class LearnerSource(WeightSource):
         """One round = ``metadata()`` (some backends) then one iteration; the gathered list serves both."""
