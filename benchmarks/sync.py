@@ -15,7 +15,7 @@ Cases (one sampler, one learner rank):
                          on every linear layer): each sync ships only the peft adapter (not in the default --cases)
 
 Per case it prints the median over iterations 1.. (iteration 0 includes warm-up; its sync is shown apart) of
-``time_sync_s`` (the sync task as the flow sees it, without the check), of the time inside ``Engines.sync`` (the
+``time_sync_s`` (the sync task as the flow sees it, without the check), of the time inside ``WeightSync.sync`` (the
 same, without Prefect's task overhead), of ``time_sync_check_s`` (sampler vs learner logprobs after the sync) and of
 ``time_total_s``; the weight bytes (parameters x dtype size, from the model's safetensors), the effective MB/s
 (bytes / median time_sync_s, MB = 1e6 bytes) and the run's largest ``sync_logprob_max_diff`` (flagged if >= 1e-4).
@@ -84,9 +84,9 @@ def adapter_bytes(model_dir: Path, rank: int) -> tuple[int, int]:
 
 
 def run_case(model_dir: Path, overrides: dict, root: str, storage_options: dict, iterations: int) -> dict:
-    """One flow run; returns its metric rows, what Engines.sync returned per call, and any error."""
+    """One flow run; returns its metric rows, what WeightSync.sync returned per call, and any error."""
     import flows.grpo_train as gt
-    from grpo_core.cluster.engines import Engines
+    from grpo_core.cluster.weight_sync import WeightSync
     from grpo_core.config import merge_trees
     from grpo_core.storage import RunStore
 
@@ -98,17 +98,17 @@ def run_case(model_dir: Path, overrides: dict, root: str, storage_options: dict,
         "storage": {"root": root, "options": storage_options},
     }, merge_trees(WORKLOAD, overrides))
     syncs: list[dict] = []
-    original_sync = Engines.sync
+    original_sync = WeightSync.sync
 
     def timed_sync(self):
         out = original_sync(self)
-        syncs.append(out)
+        syncs.append({"seconds": out.seconds})
         return out
 
     def _print(*args, **kwargs):  # the flow's prints go to Prefect's logger (silenced at WARNING): echo them
         print("  [flow] " + " ".join(str(a) for a in args), flush=True)
 
-    gt.print, Engines.sync = _print, timed_sync
+    gt.print, WeightSync.sync = _print, timed_sync
     error, t0 = None, time.perf_counter()
     try:
         gt.grpo_train(config=config)
@@ -116,7 +116,7 @@ def run_case(model_dir: Path, overrides: dict, root: str, storage_options: dict,
         error = traceback.format_exc()
     finally:
         del gt.print
-        Engines.sync = original_sync
+        WeightSync.sync = original_sync
     out = {"error": error, "wall_s": time.perf_counter() - t0, "syncs": syncs, "metrics": []}
     try:
         out["metrics"] = [r for r in RunStore(root, RUN_NAME, storage_options).read_metrics().to_pylist()
@@ -167,7 +167,7 @@ def print_table(results: list[dict]) -> None:
               f"{f(r['iteration_s'], 8)}{f(r['rollout_s'], 8)}{f(r['train_s'], 8)}{diff}{r['load_avg_1m']:6.1f}"
               + ("" if r["diff_ok"] else "  <-- CHECK") + ("  FAILED" if r["error"] else ""))
     print("=" * len(head))
-    print("medians over iterations 1..; sync s = time_sync_s (flow), engine = inside Engines.sync (no Prefect task "
+    print("medians over iterations 1..; sync s = time_sync_s (flow), engine = inside WeightSync.sync (no Prefect task "
           "overhead), it0 = iteration 0's time_sync_s, MB/s = weight bytes / sync s; max diff = max "
           f"sync_logprob_max_diff over all iterations (CHECK if >= {MAX_DIFF:g}); load = 1-min load average at the "
           f"end of the case ({os.cpu_count()} cores; the run itself keeps it near 2, much more means another job ran)")

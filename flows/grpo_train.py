@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -39,6 +39,7 @@ from grpo_core.storage import RunStore
 from tasks.checkpoint import begin_checkpoint, commit_checkpoint, restore, save_final
 from tasks.console import RunConsole
 from tasks.context import Opaque, RunContext
+from tasks.endpoint import close_endpoint, open_endpoint
 from tasks.evaluate import evaluate
 from tasks.inbox import take_inbox
 from tasks.io_retry import io_retry_options
@@ -209,10 +210,24 @@ def grpo_train(config_path: str | None = None, overrides: list[str] | None = Non
     _tag_flow_run(cfg)
     terminal = Console()
     with run_logging(cfg, store, terminal):
-        return _run(cfg, store, terminal)
+        return asdict(_run(cfg, store, terminal))
 
 
-def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a flow run returns (as a dict: Prefect keeps it as the flow run's result)."""
+    run: str
+    iterations: int
+    final_folder: str
+    final_eval_accuracy: float | None
+    summary: list[str]
+    resumed_from: str | None
+    recoveries: int = 0
+    replaced_samplers: int = 0
+    actors: list = field(default_factory=list)
+
+
+def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> RunOutcome:
     stages = _Stages(cfg)
     started = time.perf_counter()
     plan = stages.prepare_run(cfg, store)
@@ -234,6 +249,8 @@ def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> dict[str, Any]:
         raise
     finally:
         if ctx is not None:
+            if ctx.endpoint is not None:
+                close_endpoint(ctx.endpoint)
             ctx.scorer.close()
             if ctx.eval_scorers is not None:
                 ctx.eval_scorers.close()
@@ -265,7 +282,7 @@ def _tag_flow_run(cfg: GRPOConfig) -> None:
 grpo_train_with_retries = grpo_train.with_options(retries=2, retry_delay_seconds=60)
 
 
-def _already_finished(cfg: GRPOConfig, store: RunStore) -> dict[str, Any]:
+def _already_finished(cfg: GRPOConfig, store: RunStore) -> RunOutcome:
     metrics = store.read_metrics()
     evals = [a for a in metrics.column("eval_accuracy").to_pylist() if a is not None] \
         if "eval_accuracy" in metrics.column_names else []
@@ -273,25 +290,26 @@ def _already_finished(cfg: GRPOConfig, store: RunStore) -> dict[str, Any]:
              f"{store.url('final')} (raise `iterations` to extend it, or choose a new run_name)"]
     for line in lines:
         print(line)
-    return {"run": store.uri, "iterations": cfg.iterations, "final_folder": store.url("final"),
-            "final_eval_accuracy": evals[-1] if evals else None, "summary": lines, "resumed_from": None}
+    return RunOutcome(run=store.uri, iterations=cfg.iterations, final_folder=store.url("final"),
+                      final_eval_accuracy=evals[-1] if evals else None, summary=lines, resumed_from=None)
 
 
-def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Console) -> dict[str, Any]:
+def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Console) -> RunOutcome:
     cfg, store = ctx.cfg, ctx.store
     info = ctx.engines.start()
-    ctx.status.actors = info["actors"]
+    ctx.status.actors = info.actors
     c = cfg.cluster
     print(f"engines ready in {time.perf_counter() - started:.1f}s ({c.placement}: {c.samplers} sampler(s), "
-          f"{c.learners} learner rank(s), weights by {cfg.transport}, {'/'.join(info['dtypes'])}; vLLM load "
-          f"{info['sampler_load_s']:.1f}s, "
-          f"DeepSpeed init {info['learner_init_s']:.1f}s); run folder {store.uri}")
+          f"{c.learners} learner rank(s), weights by {cfg.transport}, {'/'.join(info.dtypes)}; vLLM load "
+          f"{info.sampler_load_s:.1f}s, DeepSpeed init {info.learner_init_s:.1f}s); run folder {store.uri}")
     resumed_from = None
+    if cfg.endpoint is not None:
+        ctx.endpoint = open_endpoint(ctx)
     if ref is not None:
         restored = stages.restore(ctx, ref)
         resumed_from = ref.name
         print(f"resuming {cfg.run_name} from {ref.name}, policy version {ref.policy_version} "
-              f"(restored in {restored['seconds']:.1f}s; continuing at iteration {ref.next_iteration})")
+              f"(restored in {restored.seconds:.1f}s; continuing at iteration {ref.next_iteration})")
     start = ref.next_iteration if ref is not None else 0
     console = RunConsole(cfg.run_name, cfg.iterations, store.read_metrics().to_pylist(),
                          min_interval_s=cfg.logging.console_interval_s)
@@ -310,15 +328,15 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Cons
     store.put_bytes("timeline.png", plot_timeline(metrics))
     stages.write_status(store, ctx.status, "finished")
     lines = summary_lines(metrics)
-    lines.append(f"final policy (version {saved['policy_version']}) saved to {saved['folder']}")
+    lines.append(f"final policy (version {saved.policy_version}) saved to {saved.folder}")
     lines.append(f"total wall time {time.perf_counter() - started:.1f}s; run folder {store.uri}")
     for line in lines:
         print(line)
-    console.summary(lines, saved["folder"], ctx.status.latest_checkpoint)
-    return {"run": store.uri, "iterations": cfg.iterations, "final_folder": saved["folder"],
-            "final_eval_accuracy": last_eval.accuracy if last_eval else None, "summary": lines,
-            "resumed_from": resumed_from, "recoveries": ctx.status.recoveries,
-            "replaced_samplers": ctx.engines.replaced_samplers, "actors": ctx.status.actors}
+    console.summary(lines, saved.folder, ctx.status.latest_checkpoint)
+    return RunOutcome(run=store.uri, iterations=cfg.iterations, final_folder=saved.folder,
+                      final_eval_accuracy=last_eval.accuracy if last_eval else None, summary=lines,
+                      resumed_from=resumed_from, recoveries=ctx.status.recoveries,
+                      replaced_samplers=ctx.engines.replaced_samplers, actors=list(ctx.status.actors))
 
 
 def _iterate_with_recovery(ctx: RunContext, stages: _Stages, start: int, console: RunConsole,
@@ -341,13 +359,13 @@ def _iterate_with_recovery(ctx: RunContext, stages: _Stages, start: int, console
                     + (f"from {store.url('checkpoints/' + where)}" if where else "from its start (no checkpoint)")
                 ) from lost
             info = ctx.engines.recreate()
-            ctx.status.actors = info["actors"]
+            ctx.status.actors = info.actors
             ref = stages.latest_checkpoint(store)
             if ref is not None:
                 stages.restore(ctx, ref)
             start = ref.next_iteration if ref is not None else 0
             print(f"{lost}\nrecreated the engine actors ({ctx.status.recoveries}/{cfg.cluster.max_actor_restarts}) "
-                  f"in {info['recreate_s']:.1f}s and restored "
+                  f"in {info.recreate_s:.1f}s and restored "
                   + (f"{ref.name}, policy version {ref.policy_version}" if ref else "the initial weights")
                   + f"; continuing at iteration {start}")
         finally:
@@ -366,10 +384,10 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
     with Progress(cfg.iterations, console=terminal, completed=start) as progress:
         for it in range(start, cfg.iterations):
             t0 = time.perf_counter()
-            wanted = requested_samplers(store) if cfg.cluster.placement == "split" else None
+            wanted = requested_samplers(store) if cfg.placement.scale_refusal() is None else None
             if wanted is not None and wanted != len(ctx.engines.samplers):
                 stages.scale_samplers(ctx, wanted)
-            samplers = len(ctx.engines.live_sampler_ids())
+            samplers = len(ctx.engines.samplers.live_ids())
             resync = ensure_synced(ctx, expected_learner_version=window.learner_version(it),
                                    sync_stage=stages.sync)
             evaluation, eval_s = None, None
@@ -417,9 +435,9 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
             # after this row is recorded, so a resume from it always finds the rows of the iterations it holds.
             if cfg.is_checkpoint_iteration(it):
                 t5 = time.perf_counter()
-                out = stages.begin_checkpoint(ctx, it)
+                pending = stages.begin_checkpoint(ctx, it)
                 row["time_checkpoint_s"] = time.perf_counter() - t5
-                row["checkpoint_snapshot_s"] = out["snapshot_seconds"]
+                row["checkpoint_snapshot_s"] = pending.snapshot_seconds
             else:
                 _poll_checkpoint(ctx, stages)
             stages.record(store, ctx.status, row)
@@ -445,7 +463,5 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
 def _poll_checkpoint(ctx: RunContext, stages: _Stages) -> None:
     """Commit the checkpoint being written as soon as its files are (a cheap actor call while it is not)."""
     pending = ctx.pending_checkpoint
-    if pending is not None and pending.written is None:
-        pending.written = ctx.engines.checkpoint_result(wait=False)
-    if pending is not None and pending.written is not None:
+    if pending is not None and ctx.engines.learners.poll(pending, wait=False):
         stages.commit_checkpoint(ctx, wait=False)

@@ -17,7 +17,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     check_model_folder(cfg)
     store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
     if store.read_config() is not None:  # a resume: refuse a changed config before anything starts
-        store.check_config(cfg.model_dump(mode="json"), may_change=RESUME_SAFE_FIELDS, upgrade=upgrade_stored_config)
+        store.check_config(cfg.recorded(), may_change=RESUME_SAFE_FIELDS, upgrade=upgrade_stored_config)
     from flows.grpo_train import grpo_train
 
     # A templated run_name ({date}, {time}) is expanded once, here: the flow gets the name itself.

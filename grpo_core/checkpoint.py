@@ -168,7 +168,7 @@ class CheckpointWriter:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
-    def result(self, wait: bool = False) -> dict[str, Any] | None:
+    def result(self, wait: bool = False) -> "WrittenFiles | None":
         if wait:
             self._thread.join()
         if self._thread.is_alive():
@@ -177,8 +177,59 @@ class CheckpointWriter:
             raise RuntimeError(f"writing checkpoint {self.store.url(self.folder)} failed: {self._error!r}") \
                 from self._error
         assert self._files is not None
-        return {"folder": self.folder, "files": self._files, "snapshot_seconds": self.snapshot_seconds,
-                "write_seconds": self._write_seconds, "bytes": sum(f["bytes"] for f in self._files.values())}
+        return WrittenFiles(self._files, sum(f["bytes"] for f in self._files.values()), self._write_seconds)
+
+
+@dataclass(frozen=True)
+class WrittenFiles:
+    """What a writer wrote: ``{name: {"bytes", "sha256"}}``, their total bytes and the write's seconds."""
+    files: dict[str, dict[str, Any]]
+    bytes: int
+    write_seconds: float
+
+    @classmethod
+    def merge(cls, parts: list["WrittenFiles"]) -> "WrittenFiles":
+        """Every learner rank's files of one checkpoint (the slowest rank's seconds)."""
+        return cls({name: rec for p in parts for name, rec in p.files.items()}, sum(p.bytes for p in parts),
+                   max(p.write_seconds for p in parts))
+
+
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint between its snapshot and its commit: the one object that knows which ranks have written their
+    files (``ranks``), what the flow wrote itself into the same folder (``flow_files``: the difficulty pool), and
+    commits it once all are there. Dropped, never committed, when its writers died with their actors."""
+    iteration: int
+    policy_version: int
+    snapshot_seconds: float
+    ranks: list[WrittenFiles | None]
+    flow_files: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def waiting_for(self) -> list[int]:
+        """The learner ranks whose files are still being written."""
+        return [r for r, done in enumerate(self.ranks) if done is None]
+
+    @property
+    def written(self) -> WrittenFiles | None:
+        """Every rank's files merged, once all are written."""
+        return None if self.waiting_for else WrittenFiles.merge(self.ranks)
+
+    def commit(self, store: RunStore, keep_last: int) -> "CommittedCheckpoint":
+        written = self.written
+        if written is None:
+            raise RuntimeError(f"checkpoint of iteration {self.iteration}: learner rank(s) {self.waiting_for} are "
+                               "still writing; it cannot be committed yet")
+        ref = commit(store, self.iteration, self.policy_version, {**written.files, **self.flow_files}, keep_last)
+        return CommittedCheckpoint(ref, written.bytes, self.snapshot_seconds, written.write_seconds)
+
+
+@dataclass(frozen=True)
+class CommittedCheckpoint:
+    ref: "CheckpointRef"
+    bytes: int
+    snapshot_seconds: float
+    write_seconds: float
 
 
 # ------------------------------------------------------------------------------------------- commit

@@ -84,7 +84,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
     from grpo_core.config import load_config
 
     cfg = load_config(args.config, args.set, preset=args.preset)
-    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+    print(yaml.safe_dump(cfg.recorded(), sort_keys=False), end="")
     return 0
 
 
@@ -115,6 +115,7 @@ def _cmd_runs_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_scale(args: argparse.Namespace) -> int:
+    from grpo_core.placements import placement_of
     from grpo_core.runs import request_samplers
 
     store = _run_store(args)
@@ -124,9 +125,9 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     if cfg is None:
         print(f"error: no run {args.run!r} under {args.root} (no config.json)", file=sys.stderr)
         return 2
-    if cfg["cluster"]["placement"] != "split":
-        print(f"error: run {args.run} uses cluster.placement={cfg['cluster']['placement']}; only split placement "
-              "scales its samplers", file=sys.stderr)
+    refusal = placement_of(cfg["cluster"]["placement"]).scale_refusal()
+    if refusal is not None:
+        print(f"error: run {args.run}: {refusal}", file=sys.stderr)
         return 2
     request_samplers(store, args.samplers)
     print(f"asked run {args.run} for {args.samplers} sampler(s); the flow applies it before its next iteration")
@@ -284,6 +285,14 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     if add_commands is not None:
         add_commands(sub)
 
+    _add_model_commands(sub)
+    _add_run_commands(sub)
+    _add_serving_commands(sub)
+    _add_data_commands(sub)
+    return parser
+
+
+def _add_model_commands(sub: Any) -> None:
     p = sub.add_parser("model", help="build models")
     msub = p.add_subparsers(dest="model_command", required=True)
     t = msub.add_parser("tiny", help="build the CPU demo policy: a small Qwen2 + local tokenizer + format warm-up")
@@ -322,6 +331,9 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     t.add_argument("--no-check", action="store_true", help="skip the transformers/vLLM load check")
     t.set_defaults(func=_cmd_model_import)
 
+
+def _add_run_commands(sub: Any) -> None:
+    """Configs, runs, scaling, export and offline evaluation."""
     p = sub.add_parser("config", help="print a resolved config (a file, a preset, or both)")
     p.add_argument("--config", help="YAML config file")
     p.add_argument("--preset", choices=["grpo", "dapo", "dr_grpo", "gspo", "rloo"])
@@ -347,6 +359,32 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     p.add_argument("--storage-options", default=None, help="fsspec options as JSON (S3 endpoint, keys)")
     p.set_defaults(func=_cmd_scale)
 
+    p = sub.add_parser("export", help="write a LoRA run's policy as a plain HF model (base + adapter merged)")
+    p.add_argument("--merge", action="store_true", required=True,
+                   help="merge the adapter into the base weights (the only export there is)")
+    p.add_argument("run", help="run name (its folder under --root) or the run folder's path")
+    p.add_argument("out", help="new local folder for the merged model")
+    p.add_argument("--checkpoint", default=None, metavar="iter-N", help="a committed checkpoint instead of final/")
+    p.add_argument("--root", default="runs", help="storage root (a folder or s3://bucket/prefix)")
+    p.add_argument("--storage-options", default=None, help="fsspec options as JSON (S3 endpoint, keys)")
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("eval", help="evaluate a model folder or a run's policy offline on the config's eval sets "
+                                    "(eval.datasets or data.eval_path): greedy accuracy and pass@k per set")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="HF model folder")
+    which.add_argument("--run", help="run name: its final policy, or --checkpoint")
+    p.add_argument("--checkpoint", default=None, metavar="iter-N", help="with --run: a committed checkpoint")
+    p.add_argument("--config", required=True, help="YAML config: its eval sets, reward, rollout and data settings")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", default=None, help="folder for eval-<name>.parquet per set and metrics.json")
+    p.add_argument("--root", default=None, help="storage root of --run (default: the config's storage.root)")
+    p.add_argument("--storage-options", default=None, help="fsspec options as JSON (default: the config's)")
+    p.set_defaults(func=_cmd_eval)
+
+
+def _add_serving_commands(sub: Any) -> None:
+    """A sampler server, the local deployment stack, offline scoring."""
     p = sub.add_parser("serve", help="vLLM's OpenAI-compatible server as a sampler for cluster.placement=external")
     p.add_argument("--model", required=True, help="HF model folder")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only: the weight "
@@ -364,16 +402,19 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: more `vllm serve` arguments")
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("export", help="write a LoRA run's policy as a plain HF model (base + adapter merged)")
-    p.add_argument("--merge", action="store_true", required=True,
-                   help="merge the adapter into the base weights (the only export there is)")
-    p.add_argument("run", help="run name (its folder under --root) or the run folder's path")
-    p.add_argument("out", help="new local folder for the merged model")
-    p.add_argument("--checkpoint", default=None, metavar="iter-N", help="a committed checkpoint instead of final/")
-    p.add_argument("--root", default="runs", help="storage root (a folder or s3://bucket/prefix)")
-    p.add_argument("--storage-options", default=None, help="fsspec options as JSON (S3 endpoint, keys)")
-    p.set_defaults(func=_cmd_export)
+    p = sub.add_parser("stack", help="the local deployment stack: Prefect server + UI (127.0.0.1:4200), work pool "
+                                     "and worker, a Ray head the deployment runs join, S3 server")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.set_defaults(func=_cmd_stack)
 
+    p = sub.add_parser("score", help="score a file of responses offline")
+    from grpo_core.rewards.score_file import add_score_arguments, run_score
+
+    add_score_arguments(p)
+    p.set_defaults(func=run_score)
+
+
+def _add_data_commands(sub: Any) -> None:
     p = sub.add_parser("data", help="dataset tools")
     dsub = p.add_subparsers(dest="data_command", required=True)
     c = dsub.add_parser("convert", help="convert GSM8K, MATH or a prime-style code set (HF save_to_disk folder, "
@@ -391,31 +432,6 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     c.add_argument("--on-bad-row", choices=["error", "skip"], default="error",
                    help="skip: leave out rows that cannot be converted, counted and listed")
     c.set_defaults(func=_cmd_data_convert)
-
-    p = sub.add_parser("eval", help="evaluate a model folder or a run's policy offline on the config's eval sets "
-                                    "(eval.datasets or data.eval_path): greedy accuracy and pass@k per set")
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--model", help="HF model folder")
-    which.add_argument("--run", help="run name: its final policy, or --checkpoint")
-    p.add_argument("--checkpoint", default=None, metavar="iter-N", help="with --run: a committed checkpoint")
-    p.add_argument("--config", required=True, help="YAML config: its eval sets, reward, rollout and data settings")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", default=None, help="folder for eval-<name>.parquet per set and metrics.json")
-    p.add_argument("--root", default=None, help="storage root of --run (default: the config's storage.root)")
-    p.add_argument("--storage-options", default=None, help="fsspec options as JSON (default: the config's)")
-    p.set_defaults(func=_cmd_eval)
-
-    p = sub.add_parser("stack", help="the local deployment stack: Prefect server + UI (127.0.0.1:4200), work pool "
-                                     "and worker, a Ray head the deployment runs join, S3 server")
-    p.add_argument("action", choices=["up", "down", "status"])
-    p.set_defaults(func=_cmd_stack)
-
-    p = sub.add_parser("score", help="score a file of responses offline")
-    from grpo_core.rewards.score_file import add_score_arguments, run_score
-
-    add_score_arguments(p)
-    p.set_defaults(func=run_score)
-    return parser
 
 
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:

@@ -23,6 +23,7 @@ from grpo_core.config_sections import (  # the sections, re-exported: import the
     CheckpointConfig,
     ClusterConfig,
     DataConfig,
+    EndpointConfig,
     EnvConfig,
     EvalConfig,
     EvalDatasetConfig,
@@ -40,6 +41,8 @@ from grpo_core.config_sections import (  # the sections, re-exported: import the
     _Section,
     zero_stage_for,
 )
+from grpo_core.placements import Placement, placement_of
+from grpo_core.transport_kinds import transport_kind
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
     from grpo_core.pipeline.async_window import AsyncWindow
 
 __all__ = ["DEFAULT_EVAL_SET", "VLLM_LORA_RANKS", "AlgoConfig", "ChatTurn", "CheckpointConfig", "ClusterConfig",
-           "ConfigError", "DataConfig", "EnvConfig", "EvalConfig", "EvalDatasetConfig", "GRPOConfig", "LoggingConfig",
+           "ConfigError", "DataConfig", "EndpointConfig", "EnvConfig", "EvalConfig", "EvalDatasetConfig", "GRPOConfig", "LoggingConfig",
            "LoraConfig", "LoraTarget", "ModelConfig", "ModelRewardConfig", "RESUME_SAFE_FIELDS", "RewardConfig",
            "RoleResources", "RolloutConfig", "StorageConfig", "TrainConfig", "WeightsConfig", "build_config",
            "check_model_folder", "check_reward_model_folders",
@@ -80,6 +83,9 @@ class GRPOConfig(_Section):
                                                                                "temperature, vLLM settings, async")
     env: EnvConfig | None = Field(default=None, description="multi-turn episodes with an environment (None: one "
                                                             "completion per sample)")
+    endpoint: EndpointConfig | None = Field(
+        default=None, description="an OpenAI-compatible endpoint serving the policy to outside environments and "
+                                  "agents; their recorded episodes are trained on (None: no endpoint)")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="held-out evaluation during the run")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="the reward components, their weights "
                                                                            "and the scorer")
@@ -121,13 +127,34 @@ class GRPOConfig(_Section):
         return self.rank_batch_size // self.micro_batch_size
 
     @property
-    def transport(self) -> str:
-        """The weight transport's kind, ``auto`` resolved (``grpo_core.weights.transport.auto_kind``)."""
-        from grpo_core.weights.transport import auto_kind
+    def placement(self) -> Placement:
+        """What ``cluster.placement`` means (``grpo_core.placements``): ask it, never compare its name."""
+        return placement_of(self.cluster.placement)
 
+    @property
+    def transport(self) -> str:
+        """The weight transport's kind, ``auto`` resolved (``Placement.auto_transport``)."""
         if self.weights.transport != "auto":
             return self.weights.transport
-        return auto_kind(self.cluster.placement, self.model.lora is not None)
+        return self.placement.auto_transport(self.model.lora is not None)
+
+    @property
+    def resolved_algo(self) -> AlgoConfig:
+        """``algo`` with the off-policy correction resolved (the config as given keeps ``None`` where the user
+        set nothing): a cap alone asks for TIS, stale samplers (``rollout.max_staleness > 0``) get the async
+        default, and a capped kind without a cap gets ``DEFAULT_TIS_CAP``."""
+        a = self.algo
+        kind = a.offpolicy
+        if kind is None:
+            kind = "tis" if a.tis_cap is not None else \
+                DEFAULT_ASYNC_OFFPOLICY if self.rollout.max_staleness > 0 else "none"
+        cap = DEFAULT_TIS_CAP if kind in CAPPED_OFFPOLICY and a.tis_cap is None else a.tis_cap
+        return a.model_copy(update={"offpolicy": kind, "tis_cap": cap})
+
+    def recorded(self) -> dict[str, Any]:
+        """The config as a run folder's config.json records it (and a resume compares it): JSON, with the derived
+        algorithm settings resolved (``resolved_algo``), so the record says what ran."""
+        return {**self.model_dump(mode="json"), "algo": self.resolved_algo.model_dump(mode="json")}
 
     @property
     def optimizer_steps_per_iteration(self) -> int:
@@ -140,7 +167,9 @@ class GRPOConfig(_Section):
         update, which rows an iteration may train on."""
         from grpo_core.pipeline.async_window import AsyncWindow
 
-        return AsyncWindow(self.rollout.max_staleness, self.optimizer_steps_per_iteration, self.iterations)
+        r = self.rollout
+        return AsyncWindow(r.max_staleness, self.optimizer_steps_per_iteration, self.iterations,
+                           inbox_staleness=r.max_staleness if r.inbox_max_staleness is None else r.inbox_max_staleness)
 
     def policy_version_before(self, iteration: int) -> int:
         """The learner's policy version when ``iteration`` starts."""
@@ -225,15 +254,13 @@ class GRPOConfig(_Section):
         if self.env is not None and (self.env.turn_tokens or 0) > self.rollout.max_new_tokens:
             raise ValueError(f"env.turn_tokens={self.env.turn_tokens} is more than the episode's budget "
                              f"rollout.max_new_tokens={self.rollout.max_new_tokens}")
+        if self.endpoint is not None and self.rollout.max_staleness < 1:
+            raise ValueError("endpoint is set: episodes recorded through it are trained on as inbox groups, sampled "
+                             "while the learner goes on, which a synchronous run refuses as stale; set "
+                             "rollout.max_staleness >= 1 (cluster.placement split or external)")
         if self.data.eval_path and self.eval.datasets:
             raise ValueError(f"data.eval_path ({self.data.eval_path}) and eval.datasets are both set: list the "
                              f"file as one of eval.datasets (e.g. {DEFAULT_EVAL_SET}: {{path: ...}}) instead")
-        a = self.algo
-        if a.offpolicy is None:  # a cap alone asks for TIS; stale samplers get the default correction
-            a.offpolicy = "tis" if a.tis_cap is not None else \
-                DEFAULT_ASYNC_OFFPOLICY if self.rollout.max_staleness > 0 else "none"
-        if a.offpolicy in CAPPED_OFFPOLICY and a.tis_cap is None:
-            a.tis_cap = DEFAULT_TIS_CAP
         return self
 
     def _check_lora(self) -> None:
@@ -246,40 +273,19 @@ class GRPOConfig(_Section):
                              "state are small, use train.zero_stage 0-2 (the frozen base is not partitioned)")
 
     def _check_placement(self) -> None:
-        from grpo_core.weights.transport import make_transport
-
         c = self.cluster
         if c.ray_address and "{{" in c.ray_address:
             raise ValueError(f"cluster.ray_address={c.ray_address!r} is an unresolved deployment template: deploy "
                              "with GRPO_RAY_ADDRESS set (`grpo stack up` does), or give the address")
-        if self.rollout.max_staleness > 0 and c.placement == "colocate":
-            raise ValueError(f"rollout.max_staleness={self.rollout.max_staleness} samples while the learner trains: "
-                             f"it needs cluster.placement=split or external (a colocated actor does one at a time)")
-        if c.placement == "external":
-            if not c.servers:
-                raise ValueError("cluster.placement=external samples on OpenAI-compatible servers: list their URLs in "
-                                 "cluster.servers (start one with `grpo serve --model DIR`)")
-            if c.samplers != len(c.servers):
-                raise ValueError(f"cluster.placement=external has one sampler per server: cluster.samplers "
-                                 f"({c.samplers}) must equal the number of cluster.servers ({len(c.servers)})")
-            bad = [u for u in c.servers if not u.startswith(("http://", "https://"))]
-            if bad:
-                raise ValueError(f"cluster.servers must be http(s) base URLs, got {bad}")
-        elif c.servers:
-            raise ValueError(f"cluster.servers is set but cluster.placement={c.placement}: servers are used only "
-                             "with placement=external")
-        if c.placement == "colocate" and c.samplers != c.learners:
-            raise ValueError(
-                f"cluster.placement=colocate puts one sampler and one learner rank in each actor: cluster.samplers "
-                f"({c.samplers}) must equal cluster.learners ({c.learners}); use placement=split for other counts")
-        make_transport(self.transport).check(self)  # what the transport's kind can do with this placement
+        self.placement.check(self)
+        transport_kind(self.transport).check(self)  # what the transport's kind can do with this placement
         tp = self.rollout.tensor_parallel_size
-        gpus = (c.sampler_resources if c.placement == "split" else c.learner_resources).num_gpus
+        field = self.placement.sampler_resources_field()
+        gpus = getattr(c, field).num_gpus
         if tp > 1 and gpus < tp:
             raise ValueError(
                 f"rollout.tensor_parallel_size={tp} runs one vLLM worker per GPU: the sampler actors need "
-                f"cluster.{'sampler' if c.placement == 'split' else 'learner'}_resources.num_gpus >= {tp} "
-                f"(got {gpus})")
+                f"cluster.{field}.num_gpus >= {tp} (got {gpus})")
 
 
 # Fields a resumed run may change: they decide how long the run goes on and how it is operated, never what an
@@ -288,7 +294,9 @@ RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "logging", "cluster
                       "cluster.sampler_resources", "cluster.learner_resources", "cluster.reward_resources",
                       "cluster.max_actor_restarts",
                       "cluster.servers", "cluster.server_timeout_s", "cluster.server_retries", "reward.num_workers",
-                      "reward.dedupe", "weights.check_samples", "weights.check_every", "weights.check_tolerance")
+                      "reward.dedupe", "weights.check_samples", "weights.check_every", "weights.check_tolerance",
+                      "endpoint.host", "endpoint.port", "endpoint.token_env", "endpoint.wait_s",
+                      "endpoint.max_open_episodes")
 
 
 # The cap of pi_old / pi_sampler in TIS (Yao et al.), sequence TIS and AReaL's decoupled objective.
@@ -464,6 +472,6 @@ def upgrade_stored_config(stored: dict[str, Any]) -> dict[str, Any]:
         # before the off-policy kinds, algo.offpolicy only chose the mode of a correction that tis_cap turned on
         stored = {**stored, "algo": {**algo, "offpolicy": "none"}}
     try:
-        return build_config(stored, "config.json").model_dump(mode="json")
+        return build_config(stored, "config.json").recorded()
     except ConfigError:
         return stored

@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from grpo_core.placements import PLACEMENTS
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -148,6 +150,35 @@ class RolloutConfig(_Section):
         default=0, ge=0, description="async RL (split placement): the rollout of iteration k+s is sampled while "
                                      "iteration k trains, so a batch is trained on at most s iterations after the "
                                      "weights that sampled it; 0: synchronous")
+    inbox_max_staleness: int | None = Field(
+        default=None, ge=0, description="iterations an inbox row (an outside producer's, the policy endpoint's "
+                                        "episodes) may lag behind the learner, at least rollout.max_staleness "
+                                        "(None: the same): outside episodes finish after they are sampled, and one "
+                                        "that spans a weight update is as old as its first turn")
+
+    @model_validator(mode="after")
+    def _inbox_window(self) -> "RolloutConfig":
+        if self.inbox_max_staleness is not None and self.inbox_max_staleness < self.max_staleness:
+            raise ValueError(f"rollout.inbox_max_staleness={self.inbox_max_staleness} is below "
+                             f"rollout.max_staleness={self.max_staleness}: inbox rows may be at least as old as the "
+                             "run's own")
+        return self
+
+
+class EndpointConfig(_Section):
+    """The policy endpoint (grpo_core/endpoint/): an OpenAI-compatible API serving the run's current policy to
+    environments and agents written elsewhere; calls tagged with an episode id are recorded, and finished episodes,
+    grouped, are trained on as inbox groups (``grpo_core.pipeline.inbox``)."""
+
+    host: str = Field(default="127.0.0.1", description="address to listen on (loopback unless you mean it)")
+    port: int = Field(default=0, ge=0, le=65535, description="0: a free port; the URL is in the run folder's "
+                                                             "endpoint.json")
+    token_env: str = Field(default="GRPO_ENDPOINT_TOKEN",
+                           description="environment variable holding the bearer token clients must send; unset: "
+                                       "a random token, written to endpoint.json (readable by its owner only)")
+    wait_s: float = Field(default=30.0, gt=0.0, description="how long a call waits for a weight update to end "
+                                                           "before it is refused (503, Retry-After)")
+    max_open_episodes: int = Field(default=4096, ge=1, description="episodes in progress at once")
 
 
 class EnvConfig(_Section):
@@ -531,11 +562,10 @@ class ClusterConfig(_Section):
         External samplers are the listed servers."""
         if not isinstance(data, dict):
             return data
-        placement = data.get("placement", "colocate")
-        if placement == "colocate" and "samplers" not in data and "learners" in data:
-            data = {**data, "samplers": data["learners"]}
-        if placement == "external" and "samplers" not in data and data.get("servers"):
-            data = {**data, "samplers": len(data["servers"])}
+        placement = PLACEMENTS.get(data.get("placement", "colocate"))  # an unknown name: the field's own error
+        samplers = placement().default_samplers(data) if placement is not None else None
+        if "samplers" not in data and samplers is not None:
+            data = {**data, "samplers": samplers}
         return data
 
 

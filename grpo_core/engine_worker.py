@@ -11,20 +11,20 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any
-
 import torch
 
 from grpo_core.checkpoint import CheckpointWriter
 from grpo_core.config import GRPOConfig
 from grpo_core.logs import redirect_process_output
 from grpo_core.precision import resolve_dtype
+from grpo_core.results import ActorInfo, TrainStep, Versions
 from grpo_core.roles.learner import LearnerRole, free_port
 from grpo_core.roles.sampler import SamplerRole
 from grpo_core.roles.threads import pin_torch_threads
 from grpo_core.storage import RunStore
 from grpo_core.weights.files import FilesTransport
-from grpo_core.weights.transport import Ends, make_transport
+from grpo_core.weights.factory import make_transport
+from grpo_core.weights.transport import Ends
 
 
 class EngineWorker(SamplerRole, LearnerRole):
@@ -46,7 +46,7 @@ class EngineWorker(SamplerRole, LearnerRole):
         self._checkpoint: CheckpointWriter | None = None
         # (iteration, metrics) of the last update: a retried train call (its output write failed) must not step
         # the optimizer twice.
-        self._last_train: tuple[int, dict[str, Any]] | None = None
+        self._last_train: tuple[int, TrainStep] | None = None
         self.transport = make_transport(cfg.transport)  # weights.transport: this actor's ends of it
         self._catch_up = FilesTransport()  # how a new sampler gets the current weights, whatever the transport
         self._rendezvous = None  # learner rank 0: the held TCPStore of the learners' group
@@ -57,7 +57,7 @@ class EngineWorker(SamplerRole, LearnerRole):
         """A free port on this actor's node (for vLLM's weight-transfer rendezvous, which binds it itself)."""
         return free_port(host)
 
-    def setup(self, master_addr: str | None = None, master_port: int | None = None) -> dict[str, Any]:
+    def setup(self, master_addr: str | None = None, master_port: int | None = None) -> ActorInfo:
         """Build the engines: the learner group (all ranks call this together), vLLM, DeepSpeed."""
         started = time.perf_counter()
         if self.learner_rank is not None:  # the group first: in a colocated actor vLLM then runs inside it
@@ -77,18 +77,16 @@ class EngineWorker(SamplerRole, LearnerRole):
                     rank=self.learner_rank)
 
     # ------------------------------------------------------------------------------------------------ status
-    def info(self) -> dict[str, Any]:
-        return {"sampler_id": self.sampler_id, "learner_rank": self.learner_rank,
-                "sampler_version": self.sampler.version if self.sampler else None,
-                "learner_version": self.learner.version if self.learner else None,
-                "sampler_load_s": self.sampler.load_seconds if self.sampler else 0.0,
-                "learner_init_s": self.learner.init_seconds if self.learner else 0.0,
-                "startup_s": self.startup_seconds, "pid": os.getpid(), "host": socket.gethostname(),
-                "dtype": self.dtype, "threads": self.threads}
+    def info(self) -> ActorInfo:
+        return ActorInfo(sampler_id=self.sampler_id, learner_rank=self.learner_rank,
+                         sampler_load_s=self.sampler.load_seconds if self.sampler else 0.0,
+                         learner_init_s=self.learner.init_seconds if self.learner else 0.0,
+                         startup_s=self.startup_seconds, pid=os.getpid(), host=socket.gethostname(),
+                         dtype=self.dtype, threads=self.threads)
 
-    def versions(self) -> dict[str, int | None]:
-        return {"sampler": self.sampler.version if self.sampler else None,
-                "learner": self.learner.version if self.learner else None}
+    def versions(self) -> Versions:
+        return Versions(sampler=self.sampler.version if self.sampler else None,
+                        learner=self.learner.version if self.learner else None)
 
     def leave_transfer(self) -> None:
         """Leave the transfer group (either role; before the group is formed again with other samplers)."""

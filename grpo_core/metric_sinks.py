@@ -87,7 +87,7 @@ class WandbSink:
         run_id = ids.setdefault("wandb", f"{cfg.run_name}-{os.urandom(4).hex()}")
         folder = store.uri if store.is_local else tempfile.mkdtemp(prefix="grpo-wandb-")
         self.run = wandb.init(project=cfg.logging.project, name=cfg.run_name, id=run_id, resume="allow",
-                              dir=folder, config=cfg.model_dump(mode="json"))
+                              dir=folder, config=cfg.recorded())
 
     def log(self, row: dict[str, Any], step: int) -> None:
         self.run.log(scalars(row), step=step)

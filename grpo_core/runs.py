@@ -61,7 +61,8 @@ class RunStatus:
     recoveries: int = 0                         # engine actors recreated in this attempt
     latest_checkpoint: str | None = None
     error: str | None = None
-    actors: list[dict[str, Any]] = field(default_factory=list)
+    # where the engine actors run: grpo_core.results.PlacedActor while the flow holds them, their JSON when read back
+    actors: list[Any] = field(default_factory=list)
 
     def write(self, store: RunStore) -> None:
         self.updated_at = time.time()

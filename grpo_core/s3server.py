@@ -245,6 +245,41 @@ def _wait_for_buckets(server: S3Server, deadline: float) -> None:
         raise S3ServerError(f"buckets {missing} not available in time (last error: {last_error!r})")
 
 
+def _weed_args(weed: str, data_dir: Path, host: str, ids_path: Path, ports: dict[str, int], sockets_in: Path,
+               buckets: tuple[str, ...] | list[str]) -> list[str]:
+    """The ``weed mini`` command line: every port given (none left to its defaults), bound to ``host`` only."""
+    args = [
+        weed,
+        "mini",
+        f"-dir={data_dir}",
+        f"-ip={host}",
+        f"-ip.bind={host}",
+        "-master.telemetry=false",
+        "-admin.ui=false",
+        "-webdav=false",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-s3.config={ids_path}",
+        f"-master.port={ports['master']}",
+        f"-master.port.grpc={ports['master_grpc']}",
+        f"-volume.port={ports['volume']}",
+        f"-volume.port.grpc={ports['volume_grpc']}",
+        f"-filer.port={ports['filer']}",
+        f"-filer.port.grpc={ports['filer_grpc']}",
+        f"-s3.port={ports['s3']}",
+        f"-s3.port.grpc={ports['s3_grpc']}",
+        f"-admin.port={ports['admin']}",
+        f"-admin.port.grpc={ports['admin_grpc']}",
+        f"-filer.localSocket={sockets_in / 'filer.sock'}",
+        f"-s3.localSocket={sockets_in / 's3.sock'}",
+        "-volume.preStopSeconds=0",
+        "-master.volumeSizeLimitMB=64",
+    ]
+    if buckets:
+        args.append("-bucket=" + ",".join(buckets))
+    return args
+
+
 def start_s3_server(
     workdir: str | os.PathLike,
     *,
@@ -288,35 +323,7 @@ def start_s3_server(
         socket_dir = Path(tempfile.mkdtemp(prefix="grpo-weed-"))
     sockets_in = socket_dir or workdir
 
-    args = [
-        weed or find_weed(),
-        "mini",
-        f"-dir={data_dir}",
-        f"-ip={host}",
-        f"-ip.bind={host}",
-        "-master.telemetry=false",
-        "-admin.ui=false",
-        "-webdav=false",
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
-        f"-s3.config={ids_path}",
-        f"-master.port={ports['master']}",
-        f"-master.port.grpc={ports['master_grpc']}",
-        f"-volume.port={ports['volume']}",
-        f"-volume.port.grpc={ports['volume_grpc']}",
-        f"-filer.port={ports['filer']}",
-        f"-filer.port.grpc={ports['filer_grpc']}",
-        f"-s3.port={ports['s3']}",
-        f"-s3.port.grpc={ports['s3_grpc']}",
-        f"-admin.port={ports['admin']}",
-        f"-admin.port.grpc={ports['admin_grpc']}",
-        f"-filer.localSocket={sockets_in / 'filer.sock'}",
-        f"-s3.localSocket={sockets_in / 's3.sock'}",
-        "-volume.preStopSeconds=0",
-        "-master.volumeSizeLimitMB=64",
-    ]
-    if buckets:
-        args.append("-bucket=" + ",".join(buckets))
+    args = _weed_args(weed or find_weed(), data_dir, host, ids_path, ports, sockets_in, buckets)
 
     def spawn() -> subprocess.Popen:
         with open(log_path, "ab") as log:

@@ -8,65 +8,61 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+import time
 
 from prefect import task
 from prefect.cache_policies import NONE
 
 from grpo_core import checkpoint
+from grpo_core.checkpoint import CommittedCheckpoint, PendingCheckpoint
 from grpo_core.pipeline.difficulty_pool import PoolState
-from tasks.context import PendingCheckpoint, RunContext
+from grpo_core.results import FinalPolicy, Restored
+from tasks.context import RunContext
 
 POOL_FILE = "prompt_pool.json"
 
 
 @task(name="checkpoint", task_run_name="checkpoint-{iteration:06d}", cache_policy=NONE)
-def begin_checkpoint(ctx: RunContext, iteration: int) -> dict[str, Any]:
-    """Snapshot the state after ``iteration``; training goes on while it is written."""
-    committed = commit_pending(ctx, wait=True)
-    out = ctx.engines.checkpoint_begin(iteration)
-    ctx.pending_checkpoint = PendingCheckpoint(iteration=iteration, policy_version=out["policy_version"],
-                                               snapshot_seconds=out["snapshot_seconds"])
+def begin_checkpoint(ctx: RunContext, iteration: int) -> PendingCheckpoint:
+    """Commit the checkpoint before (waiting for its files), then snapshot the state after ``iteration``;
+    training goes on while it is written."""
+    commit_pending(ctx, wait=True)
+    pending = ctx.pending_checkpoint = ctx.engines.learners.checkpoint_begin(iteration)
     pool = ctx.train_prompts.pool
     if pool is not None:  # the state after drawing this iteration's prompts: the next draw needs nothing else
         data = json.dumps(pool.state(iteration).to_json(), sort_keys=True).encode()
         ctx.store.put_bytes(f"{checkpoint.checkpoint_path(iteration)}/{POOL_FILE}", data)
-        ctx.pending_checkpoint.flow_files[POOL_FILE] = {"bytes": len(data),
-                                                       "sha256": hashlib.sha256(data).hexdigest()}
-    return {"snapshot_seconds": out["snapshot_seconds"], "committed": committed}
+        pending.flow_files[POOL_FILE] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return pending
 
 
 @task(name="commit-checkpoint", cache_policy=NONE)
-def commit_checkpoint(ctx: RunContext, wait: bool = False) -> dict[str, Any] | None:
+def commit_checkpoint(ctx: RunContext, wait: bool = False) -> CommittedCheckpoint | None:
     """Commit the pending checkpoint if its files are written (``wait``: wait for them)."""
     return commit_pending(ctx, wait)
 
 
-def commit_pending(ctx: RunContext, wait: bool) -> dict[str, Any] | None:
+def commit_pending(ctx: RunContext, wait: bool) -> CommittedCheckpoint | None:
     pending = ctx.pending_checkpoint
-    if pending is None:
-        return None
-    if pending.written is None:
-        pending.written = ctx.engines.checkpoint_result(wait)
-        if pending.written is None:
-            return None  # still being written
-    ref = checkpoint.commit(ctx.store, pending.iteration, pending.policy_version,
-                            {**pending.written["files"], **pending.flow_files}, ctx.cfg.checkpoint.keep_last)
+    if pending is None or not ctx.engines.learners.poll(pending, wait):
+        return None  # none, or still being written
+    done = pending.commit(ctx.store, ctx.cfg.checkpoint.keep_last)
     ctx.pending_checkpoint = None
-    ctx.status.latest_checkpoint = ref.name
-    written = pending.written
-    print(f"checkpoint {ref.name} committed (policy version {ref.policy_version}, {written['bytes'] / 2**20:.1f} "
-          f"MiB; copy {pending.snapshot_seconds:.2f}s, background write {written['write_seconds']:.2f}s)")
-    return {"checkpoint": ref.path, "iteration": ref.iteration, "policy_version": ref.policy_version,
-            "bytes": written["bytes"], "snapshot_seconds": pending.snapshot_seconds,
-            "write_seconds": written["write_seconds"]}
+    ctx.status.latest_checkpoint = done.ref.name
+    print(f"checkpoint {done.ref.name} committed (policy version {done.ref.policy_version}, "
+          f"{done.bytes / 2**20:.1f} MiB; copy {done.snapshot_seconds:.2f}s, background write "
+          f"{done.write_seconds:.2f}s)")
+    return done
 
 
 @task(name="restore", cache_policy=NONE)
-def restore(ctx: RunContext, ref: checkpoint.CheckpointRef) -> dict[str, Any]:
+def restore(ctx: RunContext, ref: checkpoint.CheckpointRef) -> Restored:
     """Every learner rank loads a committed checkpoint (read from the run store), then the samplers get its
     weights; the difficulty pool goes back to its state there."""
-    out = ctx.engines.restore(ref)
+    started = time.perf_counter()
+    ctx.engines.learners.restore(ref)
+    ctx.pending_checkpoint = None
+    ctx.engines.weights.sync()
     pool = ctx.train_prompts.pool
     if pool is not None:
         doc = ctx.store.get_json_file(f"{ref.path}/{POOL_FILE}")
@@ -74,10 +70,10 @@ def restore(ctx: RunContext, ref: checkpoint.CheckpointRef) -> dict[str, Any]:
             raise RuntimeError(f"{ctx.store.url(ref.path)} has no {POOL_FILE}: it was not written by a run with "
                                "data.sampler=difficulty_pool")
         pool.restore(PoolState.from_json(doc))
-    return out
+    return Restored(time.perf_counter() - started, ref.policy_version)
 
 
 @task(name="save-final", cache_policy=NONE)
-def save_final(ctx: RunContext) -> dict[str, Any]:
+def save_final(ctx: RunContext) -> FinalPolicy:
     """The trained policy in HF format under ``final/`` (manifest last)."""
-    return ctx.engines.save_final()
+    return ctx.engines.learners.save_final()

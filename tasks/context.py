@@ -12,23 +12,16 @@ from typing import Any
 
 from prefect.utilities.annotations import quote
 
+from grpo_core.checkpoint import PendingCheckpoint
 from grpo_core.cluster.engines import Engines
 from grpo_core.cluster.reward_models import RewardModels
 from grpo_core.config import GRPOConfig
+from grpo_core.endpoint.server import EndpointServer
 from grpo_core.pipeline.evaluation import EvalScorers, EvalSet
 from grpo_core.pipeline.prompts import PromptStream
 from grpo_core.rewards.scorer import Scorer
 from grpo_core.runs import RunStatus
 from grpo_core.storage import RunStore
-
-
-@dataclass
-class PendingCheckpoint:
-    iteration: int
-    policy_version: int
-    snapshot_seconds: float
-    written: dict[str, Any] | None = None    # the writer's result, kept until the commit succeeded
-    flow_files: dict[str, dict[str, Any]] = field(default_factory=dict)  # written by the flow itself (the pool)
 
 
 @dataclass
@@ -43,6 +36,7 @@ class RunContext:
     eval_scorers: EvalScorers | None = None                  # an accuracy scorer per eval reward type
     reward_models: RewardModels | None = None                # the actors of reward.models (the scorer asks them)
     pending_checkpoint: PendingCheckpoint | None = None
+    endpoint: EndpointServer | None = None  # the policy endpoint (endpoint in the config), once the engines are up
     started_at: float = field(default_factory=time.time)  # the flow run's start: stage timestamps count from it
 
     def clock(self) -> float:

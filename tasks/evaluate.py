@@ -23,9 +23,10 @@ def evaluate(ctx: RunContext, iteration: int) -> EvalResult:
         spec, scorer = eval_set.spec, ctx.eval_scorers.for_type(eval_set.spec.reward_type)
         tables: dict[str, pa.Table] = {}
         for mode in ([GREEDY] if spec.greedy else []) + ([SAMPLED] if spec.samples else []):
-            table, gen = ctx.engines.generate_eval(iteration, eval_set.prompts, mode == GREEDY, spec.samples or 1)
+            table, gen = ctx.engines.samplers.generate_eval(iteration, eval_set.prompts, mode == GREEDY,
+                                                            spec.samples or 1)
             tables[mode] = score_responses(table, scorer, mode)
-            seconds, version = seconds + gen["seconds"], gen["policy_version"]
+            seconds, version = seconds + gen.seconds, gen.policy_version
         m = set_metrics(eval_set, tables.get(GREEDY), tables.get(SAMPLED))
         metrics.update(m)
         scored = pa.concat_tables(list(tables.values()), promote_options="default")

@@ -11,6 +11,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from grpo_core.precision import LogprobGap
+from grpo_core.results import SyncResult, TrainStep
+
+__all__ = ["EvalResult", "InboxResult", "IterationTimes", "RolloutResult", "ScoreResult", "SyncResult", "TrainResult",
+           "iteration_row", "sync_gap_columns"]
 
 
 @dataclass(frozen=True)
@@ -130,34 +134,23 @@ ALGORITHM_METRICS = ("clipfrac", "clipfrac_low", "clipfrac_high", "approx_kl", "
 
 @dataclass(frozen=True)
 class TrainResult:
-    """One policy update, merged over the learner ranks (``metrics`` as train.json holds them), and when it ran
-    (``RunContext.clock``: in async RL it runs beside the next rollout)."""
-    metrics: dict[str, float]
+    """One policy update, merged over the learner ranks (``TrainStep``), and when it ran (``RunContext.clock``:
+    in async RL it runs beside the next rollout)."""
+    step: TrainStep
     started_at: float
     ended_at: float
 
     @property
+    def metrics(self) -> dict[str, float]:
+        return self.step.metrics
+
+    @property
     def seconds(self) -> float:
-        return float(self.metrics["seconds"])
+        return self.step.seconds
 
     @property
     def policy_version(self) -> int:
-        return int(self.metrics["policy_version"])
-
-
-@dataclass(frozen=True)
-class SyncResult:
-    """One weight sync and, when it was checked, the tensors whose digests matched on every sampler, the logprob
-    gap that remains (``LogprobGap``) and the check's seconds."""
-    seconds: float
-    version: int
-    transport: str
-    bytes: float | None = None
-    tensors_checked: int | None = None
-    gap: LogprobGap | None = None
-    check_seconds: float | None = None  # None: not checked
-    samplers_replaced: int = 0  # samplers that died earlier and serve again from this sync on
-    samplers_out: int = 0  # samplers still out after it (waiting for a node that can hold them, or a server down)
+        return self.step.policy_version
 
 
 @dataclass(frozen=True)

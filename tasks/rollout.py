@@ -47,7 +47,7 @@ def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> RolloutResult:
     done = ctx.store.entry(iteration, name)
     if done is not None and done.meta.get("policy_version") == version:
         return RolloutResult.from_meta(name, done.rows, True, done.meta)
-    serving = ctx.engines.sampler_versions()
+    serving = ctx.engines.samplers.versions()
     if any(v != version for v in serving):
         raise RuntimeError(
             f"iteration {iteration}'s rollout must be sampled with policy version {version} "
@@ -56,13 +56,13 @@ def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> RolloutResult:
     prompts = ctx.train_prompts.batch(iteration, round_)
     if round_ == 0:  # groups taken from the inbox replace the iteration's last prompts
         prompts = prompts[: len(prompts) - inbox_groups(ctx, iteration)]
-    table, meta = ctx.engines.rollout(iteration, prompts, group_offset=round_ * len(prompts))
+    table, sampled = ctx.engines.samplers.rollout(iteration, prompts, group_offset=round_ * len(prompts))
     lengths = policy_lengths(table)
     result = RolloutResult(
-        name=name, rows=table.num_rows, reused=False, seconds=meta["seconds"], policy_version=meta["policy_version"],
+        name=name, rows=table.num_rows, reused=False, seconds=sampled.seconds, policy_version=sampled.policy_version,
         tokens=int(sum(lengths)), response_length_mean=sum(lengths) / len(lengths),
         response_length_max=max(lengths), truncated_frac=sum(table.column("truncated").to_pylist()) / len(lengths),
-        samplers_used=meta["samplers_used"], samplers_lost=meta["samplers_lost"], samplers_live=meta["samplers_live"],
+        samplers_used=sampled.samplers_used, samplers_lost=sampled.samplers_lost, samplers_live=sampled.samplers_live,
         **episode_stats(table), **(ctx.train_prompts.pool.metrics(iteration) if ctx.train_prompts.pool else {}))
     ctx.store.put_table(iteration, name, table, meta=result.meta())
     return result

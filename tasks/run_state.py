@@ -16,6 +16,7 @@ from grpo_core.checkpoint import CheckpointRef
 from grpo_core.config import RESUME_SAFE_FIELDS, ConfigError, GRPOConfig, upgrade_stored_config
 from grpo_core.data import files as data_files
 from grpo_core.pipeline.evaluation import eval_files_key
+from grpo_core.results import Scaled
 from grpo_core.runs import FINAL_MANIFEST, RunStatus, read_status
 from grpo_core.storage import RunStore
 from tasks.context import RunContext
@@ -38,7 +39,7 @@ def prepare_run(cfg: GRPOConfig, store: RunStore) -> RunPlan:
     """Record the config (an existing run refuses changes that alter the result), find the checkpoint to resume
     from, drop metrics rows of iterations that will be redone, and mark the run as running."""
     existed = store.read_config() is not None
-    changes = store.write_config(cfg.model_dump(mode="json"), may_change=RESUME_SAFE_FIELDS,
+    changes = store.write_config(cfg.recorded(), may_change=RESUME_SAFE_FIELDS,
                                  upgrade=upgrade_stored_config)
     previous = read_status(store)
     ref = checkpoint.latest(store) if existed else None
@@ -116,9 +117,9 @@ def write_status(store: RunStore, status: RunStatus, state: str, error: str | No
 
 
 @task(name="scale-samplers", cache_policy=NONE)
-def scale_samplers(ctx: RunContext, count: int) -> dict[str, Any]:
+def scale_samplers(ctx: RunContext, count: int) -> Scaled:
     """Between iterations: follow an operator's `grpo scale RUN --samplers N` (control.json in the run folder)."""
     out = ctx.engines.scale_samplers(count)
-    print(f"scaled samplers {out['samplers_before']} -> {out['samplers']} in {out['seconds']:.1f}s "
+    print(f"scaled samplers {out.samplers_before} -> {out.samplers} in {out.seconds:.1f}s "
           f"(grpo scale; the new ones loaded the current weights first)")
     return out

@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks.context import Opaque, RunContext
-from tasks.results import SyncResult
+from grpo_core.results import SyncResult
 
 
 def _sync_run_name() -> str:
@@ -25,15 +25,20 @@ def sync(ctx: RunContext, check: tuple[int, str] | None = None, iteration: int |
     """Push weights (after ``iteration``'s training, if given); with ``check=(iteration, rollout file)`` also
     check that every sampler was handed the learner's weights (by digest) and measure the logprob gap on some of
     that file's sequences of every sampler."""
-    out = ctx.engines.sync()
-    synced = SyncResult(seconds=out["seconds"], version=int(out["version"]), transport=out["transport"],
-                        bytes=out.get("bytes"), samplers_replaced=out["samplers_back"],
-                        samplers_out=out["samplers_out"])
+    gate = ctx.endpoint.endpoint.gate if ctx.endpoint is not None else None
+    if gate is not None:  # outside callers wait (bounded) while the weights change
+        gate.close("the weights are being updated" + (f" after iteration {iteration}" if iteration is not None
+                                                       else ""))
+    try:
+        synced = ctx.engines.weights.sync()
+    finally:
+        if gate is not None:
+            gate.reopen()
     rows = ctx.cfg.weights.check_samples
     if check is None or rows <= 0:
         return synced
     started = time.perf_counter()
-    checked = ctx.engines.check_sync(check_rows(ctx, *check, rows))
+    checked = ctx.engines.weights.check(check_rows(ctx, *check, rows))
     return replace(synced, tensors_checked=checked.tensors, gap=checked.gap,
                    check_seconds=time.perf_counter() - started)
 
@@ -50,7 +55,7 @@ def check_rows(ctx: RunContext, iteration: int, name: str, per_sampler: int
             seqs.append(prompt + response)
             lens.append(len(prompt))
     fallback = drawn[min(drawn)]
-    return {sid: drawn.get(sid, fallback) for sid in ctx.engines.live_sampler_ids()}
+    return {sid: drawn.get(sid, fallback) for sid in ctx.engines.samplers.live_ids()}
 
 
 def ensure_synced(ctx: RunContext, expected_learner_version: int,
@@ -59,7 +64,7 @@ def ensure_synced(ctx: RunContext, expected_learner_version: int,
     with its original weights), through ``sync_stage`` (the flow's sync task with the run's retry policy; the
     plain task without one). A learner behind the expected version lost its state: that is an error, never a
     silent restart from scratch."""
-    sampler_versions, learner_version = ctx.engines.versions()
+    sampler_versions, learner_version = ctx.engines.samplers.versions(), ctx.engines.learners.version()
     if learner_version != expected_learner_version:
         raise RuntimeError(f"learner is at policy version {learner_version}, expected {expected_learner_version}: "
                            "the learner lost its state (restarted actor?)")

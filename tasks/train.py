@@ -13,6 +13,6 @@ def train(ctx: RunContext, iteration: int) -> TrainResult:
     """The merged metrics and when the update ran (``ctx.clock()``): in async RL this runs in a thread beside the
     next rollout, and the flow's timeline needs when it really ran."""
     started = ctx.clock()
-    metrics = ctx.engines.train(iteration)
-    ctx.store.put_json(iteration, "train.json", metrics, meta={"policy_version": metrics["policy_version"]})
-    return TrainResult(metrics, started, ctx.clock())
+    step = ctx.engines.learners.train(iteration)
+    ctx.store.put_json(iteration, "train.json", step.to_json(), meta={"policy_version": step.policy_version})
+    return TrainResult(step, started, ctx.clock())

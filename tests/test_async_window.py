@@ -64,5 +64,20 @@ def test_staleness_is_measured_and_a_batch_beyond_the_window_is_refused():
     mean, worst = window.staleness_of(3, own_version=4, batch_rows=8, inbox_rows=2, inbox_version_sum=11,
                                       inbox_version_min=5)
     assert mean == pytest.approx((6 * 1.0 + 2 * 0.25) / 8) and worst == 1.0
-    with pytest.raises(StaleBatch, match=r"iteration 3's batch is 1.5 iterations stale.*max_staleness=1"):
+    with pytest.raises(StaleBatch, match=r"iteration 3's inbox rows are 1.5 iterations stale.*inbox_max_staleness=1"):
         window.staleness_of(3, own_version=4, batch_rows=8, inbox_rows=1, inbox_version_sum=3, inbox_version_min=3)
+    with pytest.raises(StaleBatch, match=r"iteration 3's rollouts are 2.0 iterations stale.*max_staleness=1"):
+        window.staleness_of(3, own_version=2, batch_rows=8)
+
+
+def test_a_wider_inbox_window_takes_older_outside_rows_and_keeps_the_own_bound():
+    """rollout.inbox_max_staleness: outside episodes finish after they are sampled (the endpoint's), so they may
+    lag further than the run's own rollouts, which keep rollout.max_staleness."""
+    wide = AsyncWindow(staleness=1, steps_per_iteration=2, iterations=10, inbox_staleness=3)
+    assert wide.versions_for(5) == (4, 10) and wide.versions_for(1) == (0, 2)
+    assert [wide.sampling_version(i) for i in range(4)] == [0, 0, 2, 4]  # own rollouts: unchanged
+    assert list(wide.inbox_lookback(5)) == [1, 2, 3, 4]
+    assert wide.staleness_of(3, own_version=4, batch_rows=8, inbox_rows=1, inbox_version_sum=0,
+                             inbox_version_min=0)[1] == 3.0
+    with pytest.raises(StaleBatch, match="rollouts are 2.0 iterations stale"):
+        wide.staleness_of(3, own_version=2, batch_rows=8)

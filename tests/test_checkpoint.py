@@ -30,9 +30,9 @@ def _write(store: RunStore, iteration: int, size: int = 100) -> dict:
 def test_a_checkpoint_counts_only_once_committed(store):
     assert checkpoint.latest(store) is None
     written = _write(store, 1)
-    assert written["files"]["learner/optim.pt"]["bytes"] == 200
+    assert written.files["learner/optim.pt"]["bytes"] == 200
     assert checkpoint.latest(store) is None  # files without a manifest are no checkpoint
-    ref = checkpoint.commit(store, 1, policy_version=2, files=written["files"], keep_last=2)
+    ref = checkpoint.commit(store, 1, policy_version=2, files=written.files, keep_last=2)
     assert (ref.iteration, ref.policy_version, ref.next_iteration, ref.name) == (1, 2, 2, "iter-000001")
     assert checkpoint.latest(store) == ref
     assert store.get_json_file(checkpoint.LATEST)["checkpoint"] == "checkpoints/iter-000001"
@@ -42,12 +42,12 @@ def test_commit_refuses_missing_files(store):
     written = _write(store, 3)
     store.delete("checkpoints/iter-000003/learner/optim.pt")
     with pytest.raises(StorageError, match="optim.pt"):
-        checkpoint.commit(store, 3, 4, written["files"], keep_last=2)
+        checkpoint.commit(store, 3, 4, written.files, keep_last=2)
     assert checkpoint.latest(store) is None
 
 
 def test_latest_skips_a_damaged_checkpoint_and_prune_keeps_the_newest(store):
-    refs = [checkpoint.commit(store, it, it + 1, _write(store, it)["files"], keep_last=0) for it in (1, 3, 5)]
+    refs = [checkpoint.commit(store, it, it + 1, _write(store, it).files, keep_last=0) for it in (1, 3, 5)]
     assert [r.iteration for r in checkpoint.complete_checkpoints(store)] == [1, 3, 5]
     # A write in progress (newer, no manifest) is neither chosen nor pruned.
     _write(store, 7)
@@ -60,12 +60,12 @@ def test_latest_skips_a_damaged_checkpoint_and_prune_keeps_the_newest(store):
 
 def test_keep_last_prunes_after_each_commit(store):
     for it in range(0, 8, 2):
-        checkpoint.commit(store, it, it, _write(store, it)["files"], keep_last=2)
+        checkpoint.commit(store, it, it, _write(store, it).files, keep_last=2)
     assert [r.iteration for r in checkpoint.complete_checkpoints(store)] == [4, 6]
 
 
 def test_download_gives_a_local_folder(store, tmp_path):
-    ref = checkpoint.commit(store, 2, 3, _write(store, 2)["files"], keep_last=2)
+    ref = checkpoint.commit(store, 2, 3, _write(store, 2).files, keep_last=2)
     folder = checkpoint.download(store, ref, str(tmp_path / "dl"))
     assert checkpoint.read_state(folder) == {"iteration": 2}
 
@@ -76,7 +76,7 @@ def test_run_summaries_for_grpo_runs(tmp_path):
     done.write_config({"iterations": 4})
     for it in range(4):
         done.append_metrics({"iteration": it, "reward_mean": 0.1 * it, "eval_accuracy": 0.5 if it == 2 else None})
-    checkpoint.commit(done, 3, 4, _write(done, 3)["files"], keep_last=2)
+    checkpoint.commit(done, 3, 4, _write(done, 3).files, keep_last=2)
     RunStatus(state="finished", iterations=4, iteration=3).write(done)
     dead = RunStore(root, "dead")
     dead.write_config({"iterations": 10})
@@ -99,7 +99,7 @@ def test_grpo_runs_list_and_show(tmp_path, capsys):
     run = RunStore(root, "alpha")
     run.write_config({"iterations": 2})
     run.append_metrics({"iteration": 0, "reward_mean": 0.25, "eval_accuracy": 0.125})
-    checkpoint.commit(run, 0, 1, _write(run, 0)["files"], keep_last=2)
+    checkpoint.commit(run, 0, 1, _write(run, 0).files, keep_last=2)
     RunStatus(state="failed", iterations=2, iteration=0, error="RunFailed: policy actor died").write(run)
     assert main(["runs", "list", "--root", root]) == 0
     out = capsys.readouterr().out

@@ -108,22 +108,27 @@ def test_async_needs_split_turns_a_correction_on_and_shifts_the_sampling_version
     with pytest.raises(ConfigError, match=r"rollout.max_staleness=2 .*cluster.placement=split"):
         build_config(_tree(**tree))
     cfg = build_config(_tree(**tree, cluster={"placement": "split"}, train={"mini_batch_size": 16}))
-    assert cfg.algo.tis_cap is None and cfg.optimizer_steps_per_iteration == 2
+    assert cfg.resolved_algo.tis_cap is None and cfg.optimizer_steps_per_iteration == 2
     assert [cfg.sampling_version(i) for i in range(5)] == [0, 0, 0, 2, 4]
-    assert cfg.algo.offpolicy == "neg_adv_mask"  # async RL's default correction (docs/benchmarks.md: the comparison)
-    tis = build_config(_tree(**tree, cluster={"placement": "split"}, algo={"tis_cap": 1.5}))
-    assert tis.algo.offpolicy == "tis" and tis.algo.tis_cap == 1.5
-    off = build_config(_tree(**tree, cluster={"placement": "split"}, algo={"offpolicy": "none"}))
-    assert off.algo.offpolicy == "none" and off.algo.tis_cap is None  # an explicit none keeps the correction off
-    assert build_config(_tree()).algo.offpolicy == "none" and build_config(_tree()).algo.tis_cap is None
+    # async RL's default correction (docs/benchmarks.md: the comparison), derived: the field the user left unset
+    # stays unset, and the run folder's record says what ran
+    assert cfg.resolved_algo.offpolicy == "neg_adv_mask" and cfg.algo.offpolicy is None
+    assert cfg.recorded()["algo"]["offpolicy"] == "neg_adv_mask"
+    tis = build_config(_tree(**tree, cluster={"placement": "split"}, algo={"tis_cap": 1.5})).resolved_algo
+    assert tis.offpolicy == "tis" and tis.tis_cap == 1.5
+    off = build_config(_tree(**tree, cluster={"placement": "split"}, algo={"offpolicy": "none"})).resolved_algo
+    assert off.offpolicy == "none" and off.tis_cap is None  # an explicit none keeps the correction off
+    plain = build_config(_tree()).resolved_algo
+    assert plain.offpolicy == "none" and plain.tis_cap is None
     assert build_config(_tree()).sampling_version(3) == build_config(_tree()).policy_version_before(3)
 
 
 def test_offpolicy_kind_resolves_its_cap_and_checks_its_band():
-    assert build_config(_tree(algo={"tis_cap": 1.5})).algo.offpolicy == "tis"  # a cap alone turns TIS on
-    seq = build_config(_tree(algo={"offpolicy": "seq_tis"})).algo
-    assert seq.offpolicy == "seq_tis" and seq.tis_cap == 2.0
-    ice = build_config(_tree(algo={"offpolicy": "icepop", "offpolicy_band": [0.8, 1.25]})).algo
+    assert build_config(_tree(algo={"tis_cap": 1.5})).resolved_algo.offpolicy == "tis"  # a cap alone turns TIS on
+    seq = build_config(_tree(algo={"offpolicy": "seq_tis"}))
+    assert seq.resolved_algo.offpolicy == "seq_tis" and seq.resolved_algo.tis_cap == 2.0
+    assert seq.algo.tis_cap is None  # the validator never rewrites a field: the cap is derived
+    ice = build_config(_tree(algo={"offpolicy": "icepop", "offpolicy_band": [0.8, 1.25]})).resolved_algo
     assert ice.tis_cap is None and ice.offpolicy_band == (0.8, 1.25)
     with pytest.raises(ConfigError, match=r"algo.offpolicy_band must satisfy 0 < low <= 1 <= high"):
         build_config(_tree(algo={"offpolicy": "icepop", "offpolicy_band": [1.1, 2.0]}))
@@ -137,10 +142,10 @@ def test_a_run_stored_before_the_offpolicy_kinds_keeps_its_correction_off():
     """Then ``offpolicy: tis`` with ``tis_cap: null`` meant no correction; read back it is ``none``."""
     from grpo_core.config import upgrade_stored_config
 
-    stored = build_config(_tree()).model_dump(mode="json")
+    stored = build_config(_tree()).recorded()
     del stored["algo"]["offpolicy_band"], stored["algo"]["offpolicy_kl_threshold"]
     stored["algo"]["offpolicy"] = "tis"
-    assert upgrade_stored_config(stored) == build_config(_tree()).model_dump(mode="json")
+    assert upgrade_stored_config(stored) == build_config(_tree()).recorded()
 
 
 def test_colocated_samplers_follow_learners_unless_given():
@@ -230,7 +235,7 @@ def test_a_run_written_before_new_fields_existed_resumes_with_their_defaults(tmp
     from grpo_core.config import RESUME_SAFE_FIELDS, upgrade_stored_config
     from grpo_core.storage import ConfigConflict, RunStore
 
-    cfg = build_config(_tree()).model_dump(mode="json")
+    cfg = build_config(_tree()).recorded()  # as a run folder records it
     old = json.loads(json.dumps(cfg))
     del old["model"]["lora"], old["weights"]["check_every"], old["cluster"]["servers"]
     store = RunStore(str(tmp_path), "old-run")
@@ -238,7 +243,7 @@ def test_a_run_written_before_new_fields_existed_resumes_with_their_defaults(tmp
     with pytest.raises(ConfigConflict, match="model.lora"):
         store.check_config(cfg, may_change=RESUME_SAFE_FIELDS)
     assert store.check_config(cfg, may_change=RESUME_SAFE_FIELDS, upgrade=upgrade_stored_config) == []
-    changed = build_config({**_tree(), "seed": 3}).model_dump(mode="json")
+    changed = build_config({**_tree(), "seed": 3}).recorded()
     with pytest.raises(ConfigConflict, match="seed"):
         store.check_config(changed, may_change=RESUME_SAFE_FIELDS, upgrade=upgrade_stored_config)
 
@@ -316,7 +321,7 @@ def test_shipped_real_model_and_code_configs_validate(name):
     if name.startswith("qwen2.5-0.5b"):
         assert cfg.cluster.placement == "colocate" and cfg.cluster.learner_resources.num_gpus == 1
     if name.startswith("smollm2-arith-bf16"):
-        assert cfg.model.dtype == "bfloat16" and cfg.algo.offpolicy == "tis" and cfg.train.bf16_rounding == "auto"
+        assert cfg.model.dtype == "bfloat16" and cfg.resolved_algo.offpolicy == "tis" and cfg.train.bf16_rounding == "auto"
 
 
 def test_zero_stage_auto_partitions_only_across_several_ranks():

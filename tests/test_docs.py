@@ -13,6 +13,7 @@ from grpo_cli.reference import PAGES, missing_descriptions, stale_pages
 from grpo_core.config import GRPOConfig
 from grpo_core.precision import LogprobGap
 from tasks.metric_columns import COLUMNS, undocumented
+from grpo_core.results import TrainStep
 from tasks.results import (EvalResult, InboxResult, IterationTimes, RolloutResult, ScoreResult, SyncResult,
                            TrainResult, iteration_row)
 from tests.conftest import REPO
@@ -49,7 +50,7 @@ def test_every_column_of_a_full_metrics_row_is_described():
     scored = ScoreResult(name="scored", rows=8, reused=False,
                          metrics={"reward_mean": 0.5, "reward_accuracy_mean": 0.5, "reward_rm_mean": 0.4,
                                   "distinct_frac": 1.0, "kept_frac": 1.0, "filtered_group_frac": 0.0})
-    train = TrainResult(metrics={"loss": 0.1, "grad_norm": 1.0, "lr": 1e-3, "seconds": 1.0, "policy_version": 4},
+    train = TrainResult(TrainStep({"loss": 0.1, "grad_norm": 1.0, "lr": 1e-3, "seconds": 1.0}, policy_version=4),
                         started_at=1.0, ended_at=2.0)
     gap = LogprobGap(max_diff=2e-6, per_sampler={0: 1e-6, 1: 2e-6}, p99_diff=2e-6, mean_diff=1e-6, k3=1e-12,
                      tokens=40)

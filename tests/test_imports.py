@@ -66,18 +66,21 @@ def test_rollout_and_train_never_import_the_weight_transports(package):
 TRANSPORT_KINDS = {"inprocess", "broadcast", "files", "cuda_ipc"}
 
 
-def _kind_comparisons(path: Path) -> list[int]:
-    """Lines where a transport's kind name is compared with something (``x == "files"``, ``t in ("broadcast",
-    ...)``)."""
+def name_comparisons(path: Path, names: set[str]) -> list[int]:
+    """Lines where one of ``names`` is compared with something (``x == "files"``, ``t in ("broadcast", ...)``)."""
     lines = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if not isinstance(node, ast.Compare):
             continue
         for side in [node.left, *node.comparators]:
             values = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
-            if any(isinstance(v, ast.Constant) and v.value in TRANSPORT_KINDS for v in values):
+            if any(isinstance(v, ast.Constant) and v.value in names for v in values):
                 lines.append(node.lineno)
     return lines
+
+
+def _kind_comparisons(path: Path) -> list[int]:
+    return name_comparisons(path, TRANSPORT_KINDS)
 
 
 def test_the_transport_kind_is_branched_on_only_where_it_is_chosen():

@@ -216,7 +216,7 @@ def test_snapshot_then_load_state_continues_bit_identically(tiny_model, tmp_path
     store = RunStore(str(tmp_path), "run")
     written = CheckpointWriter(store, "ckpt", snap).start().result(wait=True)
     assert {"learner/mp_rank_00_model_states.pt", "learner/rng-rank-0.pt", "model.safetensors",
-            "config.json"} <= set(written["files"])
+            "config.json"} <= set(written.files)
     for seed in range(2, 4):  # the original goes on; the snapshot must not change with it
         original.train_step(_batch(seed=seed))
 

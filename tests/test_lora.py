@@ -152,7 +152,7 @@ def trained(tiny_model, tmp_path_factory):
              "diffs": [], "syncs": []}
     for it in range(ITERATIONS):
         table, meta = worker.sample(it, train_prompts[4 * it: 4 * it + 4], 0)
-        assert meta["policy_version"] == it
+        assert meta.policy_version == it
         advantages = torch.randn(table.num_rows, generator=torch.Generator().manual_seed(it)).tolist()
         scored = table.append_column("advantage", pa.array(advantages, pa.float32()))
         scored = scored.append_column("kept", pa.array([True] * table.num_rows))
@@ -196,11 +196,11 @@ def test_sampler_serves_exactly_what_the_learner_trains(trained):
     assert trained["sampler_adapter_at_start"] is None
     assert trained["diff_at_start"] < MAX_DIFF
     assert all(d < MAX_DIFF for d in trained["diffs"]), trained["diffs"]
-    assert [s["version"] for s in trained["syncs"]] == [1.0, 2.0, 3.0]
-    assert worker.versions() == {"sampler": ITERATIONS, "learner": ITERATIONS}
+    assert [s.version for s in trained["syncs"]] == [1, 2, 3]
+    assert (worker.versions().sampler, worker.versions().learner) == (ITERATIONS, ITERATIONS)
     # The adapter alone travels: a small fraction of the model (tiny: ~47k of ~0.6M parameters).
     model_bytes = (Path(trained["cfg"].model.path) / "model.safetensors").stat().st_size
-    assert all(0 < s["bytes"] < model_bytes / 4 for s in trained["syncs"])
+    assert all(0 < s.bytes < model_bytes / 4 for s in trained["syncs"])
     # The check can fail: the base alone is far from the trained policy.
     worker.sampler.serve_base(ITERATIONS)
     assert _sync_diff(worker, trained["last_rollout"]) > 1e-3
@@ -213,7 +213,7 @@ def test_files_transport_publishes_only_the_adapter(trained):
     worker = trained["worker"]
     out = worker.publish([])
     rel = f"weights/v-{ITERATIONS:06d}"
-    assert out["version"] == ITERATIONS and out["wrote"]
+    assert out.version == ITERATIONS and out.wrote
     assert set(worker.store.list_files(rel)) == {"adapter_model.safetensors", "adapter_config.json", "READY"}
     worker.sampler.serve_base(0)  # as a freshly started sampler
     worker.load_published(ITERATIONS)
@@ -257,8 +257,8 @@ def test_lora_checkpoint_holds_only_the_adapter_and_resumes_bit_identically(trai
     written = CheckpointWriter(RunStore(str(tmp_path), "run"), "ckpt", snap).start().result(wait=True)
     folder = tmp_path / "run" / "ckpt"
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json",
-            "learner/mp_rank_00_model_states.pt"} <= set(written["files"])
-    assert "model.safetensors" not in written["files"]
+            "learner/mp_rank_00_model_states.pt"} <= set(written.files)
+    assert "model.safetensors" not in written.files
     module_state = torch.load(folder / "learner/mp_rank_00_model_states.pt", weights_only=False)["module"]
     assert module_state and all(".lora_" in k for k in module_state), "the frozen base is not checkpointed"
 
@@ -296,7 +296,7 @@ def test_final_adapter_exports_to_a_model_that_answers_like_base_plus_adapter(tr
     final = Path(root) / RUN / "final"
     names = {p.name for p in final.iterdir()}
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "MANIFEST.json"} <= names
-    assert "model.safetensors" not in names and saved["policy_version"] == worker.sampler.version
+    assert "model.safetensors" not in names and saved.policy_version == worker.sampler.version
     peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), str(final)).eval()
 
     out = tmp_path / "merged"

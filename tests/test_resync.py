@@ -44,39 +44,39 @@ def test_stale_or_corrupted_sampler_is_detected_and_resynced(tiny_model, tmp_pat
         table = table.append_column("kept", pa.array([True] * 4))
         ctx.store.put_table(0, "rollouts.parquet", rollouts_table(rows, [{}] * 4))
         ctx.store.put_table(0, "scored.parquet", table)
-        engines.train(0)
+        engines.learners.train(0)
         checked = sync(ctx, check=(0, "rollouts.parquet"))
-        assert engines.versions() == ([1], 1)
-        published = engines.published_receipt()
+        assert (engines.samplers.versions(), engines.learners.version()) == ([1], 1)
+        published = engines.learners.published_receipt()
         assert checked.tensors_checked == len(published.digest.tensors) > 0
         assert published.digest.tensors["model.norm.weight"].dtype == dtype  # digested as sent, in the run's dtype
-        in_sync = engines.check_sync(check_rows(ctx, 0, "rollouts.parquet", 4)).gap.max_diff
+        in_sync = engines.weights.check(check_rows(ctx, 0, "rollouts.parquet", 4)).gap.max_diff
         if dtype == "float32":
             assert in_sync < 1e-4
 
         # A corrupted sync: the sampler claims version 1 but one weight of the learner's is one ulp off. The
         # version check sees nothing to do; the digest check fails the run and names the tensor.
-        final = load_file(engines.save_final()["folder"] + "/model.safetensors")
+        final = load_file(engines.learners.save_final().folder + "/model.safetensors")
         name = next(n for n in sorted(final) if "layers.0" in n and final[n].ndim == 2)
         final[name].view(torch.int32 if dtype == "float32" else torch.int16).view(-1)[3] += 1
         corrupted = tmp_path / "corrupted"
         shutil.copytree(tiny_model, corrupted)
         save_file(final, str(corrupted / "model.safetensors"))
-        engines.serve_checkpoint(str(corrupted), 1)
+        engines.samplers.serve_checkpoint(str(corrupted), 1)
         assert ensure_synced(ctx, expected_learner_version=1) is None
         with pytest.raises(SyncCheckFailed, match=rf"sampler\(s\) \[0\] serve other weights than the learner "
                                                   rf"published: sampler 0: {name}: other bytes \(of "):
-            engines.check_sync(check_rows(ctx, 0, "rollouts.parquet", 4))
+            engines.weights.check(check_rows(ctx, 0, "rollouts.parquet", 4))
 
         # The sampler comes back with the original weights (as a restarted sampler would) ...
-        engines.serve_checkpoint(tiny_model, 0)
+        engines.samplers.serve_checkpoint(tiny_model, 0)
         # The post-sync check fails on it: the run would stop there, not train on.
         with pytest.raises(SyncCheckFailed, match=r"sampler 0: serves version 0, not 1; model\.embed_tokens\.weight: "):
-            engines.check_sync(check_rows(ctx, 0, "rollouts.parquet", 4))
+            engines.weights.check(check_rows(ctx, 0, "rollouts.parquet", 4))
         # ... the version check notices and re-syncs, and the two agree again.
         assert ensure_synced(ctx, expected_learner_version=1) is not None
-        assert engines.versions() == ([1], 1)
-        assert engines.check_sync(check_rows(ctx, 0, "rollouts.parquet", 4)).tensors == len(published.digest.tensors)
+        assert (engines.samplers.versions(), engines.learners.version()) == ([1], 1)
+        assert engines.weights.check(check_rows(ctx, 0, "rollouts.parquet", 4)).tensors == len(published.digest.tensors)
         assert ensure_synced(ctx, expected_learner_version=1) is None  # nothing to do when versions agree
         with pytest.raises(RuntimeError, match="lost its state"):
             ensure_synced(ctx, expected_learner_version=5)

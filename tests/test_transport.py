@@ -6,7 +6,9 @@ import typing
 import pytest
 
 from grpo_core.config import ConfigError, WeightsConfig, build_config
-from grpo_core.weights.transport import Transport, auto_kind, make_transport, transport_classes
+from grpo_core.placements import placement_of
+from grpo_core.weights.factory import make_transport, transport_classes
+from grpo_core.weights.transport import Transport
 from tests.conftest import tiny_config
 
 
@@ -38,7 +40,7 @@ def test_what_each_kind_can_do_is_stated_on_its_class():
                                                  ("split", False, "broadcast"), ("split", True, "files"),
                                                  ("external", False, "files"), ("external", True, "files")])
 def test_auto_picks_a_kind_that_passes_its_own_checks(placement, lora, kind, tmp_path):
-    assert auto_kind(placement, lora) == kind
+    assert placement_of(placement).auto_transport(lora) == kind
     extra = {"cluster__servers": ["http://127.0.0.1:1"], "cluster__samplers": 1} if placement == "external" else {}
     if lora:
         extra["model__lora"] = {}

@@ -76,6 +76,38 @@ def aggregate_loss(values: Tensor, mask: Tensor, mode: AggMode = "token_mean", n
     return v.sum() / (denom * norm_length)
 
 
+def _checked_advantages(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                        is_weights: Tensor | None) -> Tensor:
+    """The advantages as [B, T] (a [B] one is broadcast over each row), after the shapes are checked."""
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
+    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask, is_weights=is_weights)
+    if advantages.dim() == 1:
+        if advantages.shape[0] != logprobs.shape[0]:
+            raise ValueError(f"advantages has {advantages.shape[0]} entries but logprobs has batch size "
+                             f"{logprobs.shape[0]}")
+        return advantages[:, None].expand_as(logprobs)
+    if advantages.shape == logprobs.shape:
+        return advantages
+    raise ValueError(f"advantages must be [B] or [B, T] = {tuple(logprobs.shape)}, got {tuple(advantages.shape)}")
+
+
+def _check_surrogate_options(ratio_level: str, clip_eps_low: float, clip_eps_high: float, dual_clip: float | None,
+                             skip_threshold: float | None, agg_mode: str) -> None:
+    if ratio_level not in ("token", "sequence"):
+        raise ValueError(f"ratio_level={ratio_level!r} is unknown; choose 'token' or 'sequence'")
+    if not 0.0 <= clip_eps_low < 1.0:
+        raise ValueError(f"clip_eps_low must be in [0, 1), got {clip_eps_low}")
+    if clip_eps_high < 0.0:
+        raise ValueError(f"clip_eps_high must be >= 0, got {clip_eps_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (it caps negative-advantage losses at dual_clip*|A|), got {dual_clip}")
+    if skip_threshold is not None and skip_threshold <= 1.0:
+        raise ValueError(f"skip_threshold must be > 1, got {skip_threshold}")
+    if agg_mode not in AGG_MODES:
+        raise ValueError(f"agg_mode={agg_mode!r} is unknown; choose one of {AGG_MODES}")
+
+
 def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
                 clip_eps_low: float = 0.2, clip_eps_high: float = 0.2, ratio_level: RatioLevel = "token",
                 dual_clip: float | None = None, skip_threshold: float | None = None,
@@ -103,30 +135,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     A > 0), clipfrac (their sum), approx_kl (k3 estimate of KL to the old policy, token mean), ratio_mean,
     ratio_max, skipped_frac, dual_clip_frac (A < 0 and r > c), pg_loss; fractions are over real tokens.
     """
-    if logprobs.dim() != 2:
-        raise ValueError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
-    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask, is_weights=is_weights)
-    if advantages.dim() == 1:
-        if advantages.shape[0] != logprobs.shape[0]:
-            raise ValueError(f"advantages has {advantages.shape[0]} entries but logprobs has batch size "
-                             f"{logprobs.shape[0]}")
-        adv = advantages[:, None].expand_as(logprobs)
-    elif advantages.shape == logprobs.shape:
-        adv = advantages
-    else:
-        raise ValueError(f"advantages must be [B] or [B, T] = {tuple(logprobs.shape)}, got {tuple(advantages.shape)}")
-    if ratio_level not in ("token", "sequence"):
-        raise ValueError(f"ratio_level={ratio_level!r} is unknown; choose 'token' or 'sequence'")
-    if not 0.0 <= clip_eps_low < 1.0:
-        raise ValueError(f"clip_eps_low must be in [0, 1), got {clip_eps_low}")
-    if clip_eps_high < 0.0:
-        raise ValueError(f"clip_eps_high must be >= 0, got {clip_eps_high}")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (it caps negative-advantage losses at dual_clip*|A|), got {dual_clip}")
-    if skip_threshold is not None and skip_threshold <= 1.0:
-        raise ValueError(f"skip_threshold must be > 1, got {skip_threshold}")
-    if agg_mode not in AGG_MODES:
-        raise ValueError(f"agg_mode={agg_mode!r} is unknown; choose one of {AGG_MODES}")
+    adv = _checked_advantages(logprobs, old_logprobs, advantages, mask, is_weights)
+    _check_surrogate_options(ratio_level, clip_eps_low, clip_eps_high, dual_clip, skip_threshold, agg_mode)
 
     m = mask.to(torch.bool)
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)

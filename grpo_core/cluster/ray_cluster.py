@@ -55,15 +55,6 @@ def actor_env(threads: int, local: bool) -> dict[str, str]:
     return env
 
 
-def _roles(cfg: GRPOConfig) -> list[tuple[str, int, RoleResources]]:
-    """(role, actor count, resources per actor) of the placement. External samplers are actors too: each holds
-    the HTTP client of one server, so the stages fan out over servers exactly as over in-process samplers."""
-    c = cfg.cluster
-    if c.placement == "colocate":
-        return [("policy", c.learners, c.learner_resources)]
-    return [("sampler", c.samplers, c.sampler_resources), ("learner", c.learners, c.learner_resources)]
-
-
 def start_ray(cfg: GRPOConfig) -> bool:
     """Connect to ``cluster.ray_address`` or start a local, loopback-only Ray; False when this process is already
     connected to a Ray (a caller's ``ray.init``, as in a notebook or the test suite), which is then used as it is
@@ -82,7 +73,7 @@ def start_ray(cfg: GRPOConfig) -> bool:
         ray.init(address=cfg.cluster.ray_address, log_to_driver=cfg.logging.verbose,
                  _node_ip_address=driver_address(cfg.cluster.ray_address))
         return True
-    roles = _roles(cfg) + [("reward", sum(m.replicas for m in cfg.reward.models.values()),
+    roles = cfg.placement.roles(cfg.cluster) + [("reward", sum(m.replicas for m in cfg.reward.models.values()),
                             cfg.cluster.reward_resources)]
     wanted = sum(count * res.num_cpus for _, count, res in roles)
     custom: dict[str, float] = {}
@@ -164,7 +155,7 @@ def create_engine_actors(cfg: GRPOConfig) -> tuple[list, list, list]:
     actor_cls = ray.remote(EngineWorker)
     local = on_loopback(cfg)
     samplers, learners, groups = [], [], []
-    for role, count, res in _roles(cfg):
+    for role, count, res in cfg.placement.roles(cfg.cluster):
         group = placed_group(res, count, f"grpo-{cfg.run_name}-{role}", role)
         groups.append(group)
         threads = res.torch_threads or os.cpu_count() or 1

@@ -27,6 +27,11 @@ class AsyncWindow:
     staleness: int  # rollout.max_staleness: s
     steps_per_iteration: int  # optimizer steps (policy versions) per iteration
     iterations: int  # the run's length
+    inbox_staleness: int | None = None  # how far an inbox row may lag (rollout.inbox_max_staleness; None: staleness)
+
+    @property
+    def inbox_lag(self) -> int:
+        return self.staleness if self.inbox_staleness is None else self.inbox_staleness
 
     def learner_version(self, iteration: int) -> int:
         """The learner's policy version when ``iteration`` starts (before its update)."""
@@ -50,9 +55,10 @@ class AsyncWindow:
         return ahead if self.staleness and ahead < self.iterations else None
 
     def versions_for(self, iteration: int) -> tuple[int, int]:
-        """(oldest, newest) policy version a row of ``iteration``'s batch may have been sampled with: our own
-        rollouts have exactly the oldest, an outside producer's (the inbox) anything in between."""
-        return self.sampling_version(iteration), self.learner_version(iteration)
+        """(oldest, newest) policy version an inbox row of ``iteration``'s batch may have been sampled with: our own
+        rollouts have exactly ``sampling_version``, an outside producer's anything from ``inbox_lag`` iterations
+        back to the learner's."""
+        return self.learner_version(max(0, iteration - self.inbox_lag)), self.learner_version(iteration)
 
     def takes_inbox(self, dynamic_sampling: bool) -> bool:
         """Whether an iteration takes experience from the inbox: in async RL, without dynamic sampling (whose
@@ -62,7 +68,7 @@ class AsyncWindow:
     def inbox_lookback(self, iteration: int) -> range:
         """Earlier iterations whose inbox takes a resume at ``iteration`` may have left undeleted (a crash between
         an iteration's commit and its deletes): their items are never taken again."""
-        return range(max(0, iteration - self.staleness - 1), iteration)
+        return range(max(0, iteration - self.inbox_lag - 1), iteration)
 
     def staleness_of(self, iteration: int, own_version: int, batch_rows: int, inbox_rows: int = 0,
                      inbox_version_sum: int = 0, inbox_version_min: int | None = None) -> tuple[float, float]:
@@ -71,13 +77,16 @@ class AsyncWindow:
         the max is beyond the window (the sampling rule makes that impossible; never train on it if it did)."""
         steps, learner = self.steps_per_iteration, self.learner_version(iteration)
         own = (learner - own_version) / steps
+        if own > self.staleness:
+            raise StaleBatch(f"iteration {iteration}'s rollouts are {own} iterations stale, more than "
+                             f"rollout.max_staleness={self.staleness}")
         mean = worst = own
         if inbox_rows:
             outside_mean = (learner * inbox_rows - inbox_version_sum) / steps / inbox_rows
             own_rows = batch_rows - inbox_rows
             mean = (own * own_rows + outside_mean * inbox_rows) / batch_rows
             worst = max(own, (learner - (inbox_version_min if inbox_version_min is not None else learner)) / steps)
-        if worst > self.staleness:
-            raise StaleBatch(f"iteration {iteration}'s batch is {worst} iterations stale, more than "
-                             f"rollout.max_staleness={self.staleness}")
+        if worst > self.inbox_lag:
+            raise StaleBatch(f"iteration {iteration}'s inbox rows are {worst} iterations stale, more than "
+                             f"rollout.inbox_max_staleness={self.inbox_lag}")
         return mean, worst

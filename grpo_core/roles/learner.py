@@ -11,23 +11,23 @@ import os
 import socket
 import tempfile
 import time
-from dataclasses import asdict
 from typing import Any
 
 import torch
 
 from grpo_core import checkpoint
-from grpo_core.checkpoint import CheckpointRef, CheckpointWriter, Snapshot
+from grpo_core.checkpoint import CheckpointRef, CheckpointWriter, Snapshot, WrittenFiles
 from grpo_core.config import GRPOConfig
 from grpo_core.roles.threads import pin_torch_threads
 from grpo_core.data.schemas import RESPONSE_MASK
 from grpo_core.netaddr import listening_socket
+from grpo_core.results import CheckpointStarted, FinalPolicy, Restored, TrainStep
 from grpo_core.storage import RunStore
 from grpo_core.train.batch import pack_batch
 from grpo_core.train.learner import Learner, LearnerSpec
 from grpo_core.weights_digest import Receipt, WeightsDigest
 from grpo_core.weights.files import FilesTransport
-from grpo_core.weights.transport import Ends, Transport
+from grpo_core.weights.transport import Ends, Published, Transport
 
 # Files of an HF model folder that describe its tokenizer (copied next to the trained weights).
 _TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template", "vocab", "merges", "added_tokens")
@@ -88,7 +88,7 @@ class LearnerRole:
     transport: Transport
     _catch_up: FilesTransport
     _checkpoint: CheckpointWriter | None
-    _last_train: tuple[int, dict[str, Any]] | None
+    _last_train: tuple[int, TrainStep] | None
     _rendezvous: Any
     dtype: str
     threads: int
@@ -119,19 +119,18 @@ class LearnerRole:
                         temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
                         fused_kernels=cfg.train.fused_kernels, lora=cfg.model.lora,
                         pack_prompts=cfg.train.pack_prompts),
-            cfg.algo, cfg.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
+            cfg.resolved_algo, cfg.train, micro_batch_size=cfg.micro_batch_size,
+            grad_accum_steps=cfg.grad_accum_steps)
 
-    def publish_weights(self, keep_versions: list[int]) -> dict[str, Any] | None:
+    def publish_weights(self, keep_versions: list[int]) -> Published | None:
         """Learner side of ``weights.transport`` (every learner rank together): make the current version
         available to the samplers (``keep_versions``: what they serve now)."""
-        out = self.transport.publish(self.ends, keep_versions)
-        return None if out is None else asdict(out)
+        return self.transport.publish(self.ends, keep_versions)
 
-    def publish(self, keep_versions: list[int]) -> dict[str, Any] | None:
+    def publish(self, keep_versions: list[int]) -> Published | None:
         """Catch-up route (learner ranks together): the current version into the run store's ``weights/v-N/``
         unless there, dropping versions no sampler still needs (``grpo_core.weights.files``)."""
-        out = self._catch_up.publish(self.ends, keep_versions)
-        return None if out is None else asdict(out)
+        return self._catch_up.publish(self.ends, keep_versions)
 
     def join_transfer(self, client, host: str, port: int) -> None:
         """Every learner rank: join the transfer group of a ``forms_group`` transport; rank 0 rendezvouses with
@@ -139,7 +138,7 @@ class LearnerRole:
         cluster layer) and sends, the others join the gathers."""
         self.transport.join_group(self.ends, client, host, port)
 
-    def train(self, iteration: int, name: str = "scored.parquet") -> dict[str, Any]:
+    def train(self, iteration: int, name: str = "scored.parquet") -> TrainStep:
         """This rank's share of one policy update on the iteration's scored batch (every rank reads the whole batch:
         loss denominators are those of whole mini-batches). Rank 0 writes train.json with the metrics of all ranks
         merged by the caller; a retried call for the same iteration returns the same result without stepping."""
@@ -159,9 +158,9 @@ class LearnerRole:
             batch.advantages, extra = self._kl_shaped_advantages(batch, table.column("shaped_reward").to_pylist())
         metrics = self.learner.train_step(batch, rank=self.learner_rank, world_size=self.cfg.cluster.learners)
         metrics.update(extra)
-        metrics["policy_version"] = self.learner.version
-        self._last_train = (iteration, metrics)
-        return metrics
+        step = TrainStep(metrics, self.learner.version)
+        self._last_train = (iteration, step)
+        return step
 
     def _kl_shaped_advantages(self, batch, rewards: list[float]) -> tuple[torch.Tensor, dict[str, float]]:
         """KL in the reward: r - kl_coeff * KL(policy || ref) summed over the response, then advantages again
@@ -191,7 +190,7 @@ class LearnerRole:
         return self.ends.joins_gather_only()
 
     # ----------------------------------------------------------------------------------------- checkpoints
-    def checkpoint_begin(self, iteration: int) -> dict[str, Any]:
+    def checkpoint_begin(self, iteration: int) -> CheckpointStarted:
         """Copy this rank's state after ``iteration`` to memory (rank 0 adds the policy in HF format, the
         tokenizer and state.json) and start writing it to ``checkpoints/iter-N/`` in the background; training may
         go on at once. Every learner rank calls this together (DeepSpeed's save is a collective). The flow commits
@@ -210,10 +209,9 @@ class LearnerRole:
         seconds = time.perf_counter() - started
         self._checkpoint = CheckpointWriter(self.store, checkpoint.checkpoint_path(iteration), snap, seconds,
                                             retry_delays=self.cfg.storage.retry_delays).start()
-        return {"folder": self._checkpoint.folder, "snapshot_seconds": seconds,
-                "policy_version": self.learner.version}
+        return CheckpointStarted(self._checkpoint.folder, seconds, self.learner.version)
 
-    def checkpoint_result(self, wait: bool = False) -> dict[str, Any] | None:
+    def checkpoint_result(self, wait: bool = False) -> WrittenFiles | None:
         """This rank's written files of the pending checkpoint (None while writing; raises if writing failed)."""
         if self._checkpoint is None:
             return None
@@ -222,20 +220,19 @@ class LearnerRole:
             self._checkpoint = None
         return out
 
-    def restore(self, ref: dict[str, Any]) -> dict[str, Any]:
+    def restore(self, ref: CheckpointRef) -> Restored:
         """Load a committed checkpoint into this learner rank (all ranks together); the caller then syncs the
         samplers."""
         started = time.perf_counter()
-        cref = CheckpointRef(**ref)
         rank = self.learner_rank
         with tempfile.TemporaryDirectory(prefix="grpo-restore-") as tmp:
-            folder = checkpoint.download(self.store, cref, tmp, only=checkpoint.files_of_rank(rank))
+            folder = checkpoint.download(self.store, ref, tmp, only=checkpoint.files_of_rank(rank))
             state = checkpoint.read_state(folder)
             self.learner.load_state(folder, rank=rank, policy_version=int(state["policy_version"]))
         self._last_train = None
-        return {"seconds": time.perf_counter() - started, "policy_version": self.learner.version}
+        return Restored(time.perf_counter() - started, self.learner.version)
 
-    def save_final(self, folder: str = "final") -> dict[str, Any]:
+    def save_final(self, folder: str = "final") -> FinalPolicy | None:
         """Rank 0: the trained policy in HF format (weights + tokenizer; with LoRA the peft adapter + tokenizer, see
         ``grpo export --merge``) under ``<run>/<folder>/``, manifest last."""
         import json
@@ -243,10 +240,10 @@ class LearnerRole:
         if self._joins_gather_only():
             return None
         written = CheckpointWriter(self.store, folder, self._policy_snapshot()).start().result(wait=True)
-        manifest = {"files": {name: rec["bytes"] for name, rec in written["files"].items()},
+        manifest = {"files": {name: rec["bytes"] for name, rec in written.files.items()},
                     "policy_version": self.learner.version}
         self.store.put_bytes(f"{folder}/MANIFEST.json", json.dumps(manifest, indent=1).encode())
-        return {"folder": self.store.url(folder), **manifest}
+        return FinalPolicy(self.store.url(folder), manifest["files"], self.learner.version)
 
     def _policy_snapshot(self) -> Snapshot:
         snap = self.learner.hf_snapshot()

@@ -16,7 +16,9 @@ import pyarrow as pa
 
 from grpo_core.config import GRPOConfig
 from grpo_core.data.schemas import episode_columns, sample_rows
+from grpo_core.endpoint.sampling import SamplingRequest, sample_once
 from grpo_core.envs.factory import EpisodeSource
+from grpo_core.results import Loaded, SampledPart
 from grpo_core.roles.threads import pin_torch_threads
 from grpo_core.rollout.sampler import Sample, SamplerSpec, VLLMSampler
 from grpo_core.weights_digest import Receipt
@@ -49,7 +51,7 @@ class SamplerRole:
         cfg = self.cfg
         if cfg.env is not None:
             self._build_episodes()
-        if cfg.cluster.placement == "external":
+        if cfg.placement.samplers_are_servers:
             from grpo_core.rollout.server import ServerSampler
 
             self.sampler = ServerSampler(cfg.cluster.servers[self.sampler_id], tag=cfg.run_name,
@@ -91,7 +93,8 @@ class SamplerRole:
         return self.sampler.generate(token_lists, n=n, max_tokens=ro.max_new_tokens, temperature=ro.temperature,
                                      top_p=ro.top_p, seeds=seeds)
 
-    def sample(self, iteration: int, prompts: list[dict[str, Any]], group_offset: int) -> tuple[pa.Table, dict]:
+    def sample(self, iteration: int, prompts: list[dict[str, Any]], group_offset: int
+               ) -> tuple[pa.Table, SampledPart]:
         """G responses for each prompt (``{"prompt_id", "prompt_token_ids", "columns"}``); ``group_offset`` is the
         index of the first prompt in the iteration's batch (it decides group ids and seeds)."""
         ro = self.cfg.rollout
@@ -102,10 +105,10 @@ class SamplerRole:
         seconds = time.perf_counter() - started
         version = self.sampler.version  # read once: a server answers it over HTTP
         table = self._rows(iteration, prompts, groups, group_offset, version)
-        return table, {"seconds": seconds, "policy_version": version, "sampler_id": self.sampler_id}
+        return table, SampledPart(seconds, version, self.sampler_id)
 
     def generate_eval(self, iteration: int, prompts: list[dict[str, Any]], greedy: bool, samples: int,
-                      group_offset: int) -> tuple[pa.Table, dict]:
+                      group_offset: int) -> tuple[pa.Table, SampledPart]:
         """Responses on the eval split: greedy (one per prompt) or sampled at the rollout temperature."""
         pin_torch_threads(self.threads)
         started = time.perf_counter()
@@ -113,7 +116,13 @@ class SamplerRole:
         groups = self._generate(prompts, n=1 if greedy else samples, greedy=greedy, seeds=None if greedy else seeds)
         version = self.sampler.version
         table = self._rows(iteration, prompts, groups, group_offset, version)
-        return table, {"seconds": time.perf_counter() - started, "policy_version": version}
+        return table, SampledPart(time.perf_counter() - started, version, self.sampler_id)
+
+    def complete(self, prompt_ids: list[int], request: SamplingRequest) -> tuple[list[Sample], int]:
+        """One call of the policy endpoint (``grpo_core.endpoint``): ``request.n`` samples of one prompt with the
+        caller's sampling settings, and the version that drew them."""
+        pin_torch_threads(self.threads)
+        return sample_once(self.sampler, prompt_ids, request), self.sampler.version
 
     def sampler_logprobs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The sampler's raw (temperature 1) logprobs of each sequence's tokens after its prompt."""
@@ -142,11 +151,11 @@ class SamplerRole:
         """Sampler side of ``weights.transport``, after every learner rank published ``version``."""
         self.transport.receive(self.ends, version)
 
-    def load_published(self, version: int) -> dict[str, float]:
+    def load_published(self, version: int) -> Loaded:
         """Catch up through the run store: load ``weights/v-N/``."""
         started = time.perf_counter()
         self._catch_up.receive(self.ends, version)
-        return {"seconds": time.perf_counter() - started, "version": float(version)}
+        return Loaded(time.perf_counter() - started, version)
 
     def server_alive(self) -> bool:
         """External placement: whether this actor's server answers its health check."""

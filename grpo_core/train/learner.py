@@ -22,6 +22,7 @@ import torch
 from grpo_core.algo import entropy_from_logits, loss_denominator, policy_objective
 from grpo_core.checkpoint import Snapshot
 from grpo_core.train.bf16_rounding import is_bf16_optimizer, round_stochastically
+from grpo_core.train.step_metrics import MicroBatchMetrics
 from grpo_core.config import AlgoConfig, LoraConfig, TrainConfig, zero_stage_for
 from grpo_core.train.batch import (TokenBatch, equal_counts, pack_row, plan_micro_batches, plan_packed_micro_batches,
                                    token_logprobs, token_logprobs_and_entropy)
@@ -307,16 +308,8 @@ class Learner:
         # Packed (train.pack_prompts): these are read only at response tokens, where packing gives the same values.
         old_logp = None if on_policy else self.logprobs(batch, pack=True)
         ref_logp = self.ref_logprobs(batch, pack=True) if self.has_reference else None
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
-
-        def record(metrics: dict[str, float]) -> None:
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-                counts[k] = counts.get(k, 0) + 1
-
+        gathered = MicroBatchMetrics()
         grad_norms = []
-        mismatch_max: float | None = None  # a max over micro-batches, not a mean of theirs
         real_tokens = computed_tokens = 0  # every row's prompt + response; the positions the decoder computed
         packs = self.packs_rows
         by_tokens = self.train_cfg.max_tokens_per_microbatch is not None
@@ -345,25 +338,20 @@ class Learner:
                         logp, mb_old, mb.advantages.to(self.device), mask, a, entropy=entropy, denominator=denom,
                         norm_length=norm_length, sampler_logprobs=sampler_logp,
                         ref_logprobs=None if ref_logp is None else ref_logp[mini_idx][idx][:, :width].to(self.device))
-                    if "mismatch_abs_logp_max" in metrics:
-                        mismatch_max = max(mismatch_max or 0.0, metrics.pop("mismatch_abs_logp_max"))
-                    record(metrics)
+                    gathered.add(metrics)
                     self.engine.backward(loss * world_size if world_size > 1 else loss, scale_wrt_gas=False)
                     # DeepSpeed records the pre-clip norm under ZeRO 1-3 only; without ZeRO it clips, unrecorded.
                     unrecorded = self.zero_stage == 0 and self.engine.is_gradient_accumulation_boundary()
                     pre_clip = _grad_norm(self.engine.module) if unrecorded else None
                     self.engine.step()
-                    record({"loss": float(loss.detach())})
+                    gathered.add({"loss": float(loss.detach())})
                 grad_norm = self.engine.get_global_grad_norm()
                 if grad_norm is None:
                     grad_norm = pre_clip
                 if grad_norm is not None:
                     grad_norms.append(float(grad_norm))
                 self.version += 1
-        out = {k: sums[k] / counts[k] for k in sums}
-        if mismatch_max is not None:
-            out["mismatch_abs_logp_max"] = mismatch_max
-        out["loss"] = sums.get("loss", 0.0) / max(1, self.train_cfg.ppo_epochs * n_minis)  # sum over micros
+        out = gathered.result(steps=self.train_cfg.ppo_epochs * n_minis)  # by grpo_core.train.step_metrics
         out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         # padding among the positions the decoder computed (a packed row has none), and those positions against every
         # row's prompt + response (below 1 where a packed row holds a group's prompt once)

@@ -35,8 +35,6 @@ def serve_folder(sampler, folder: str, version: int) -> float:
 
 class FilesTransport(Transport):
     kind = "files"
-    placements = ("colocate", "split", "external")
-    keeps_serving_versions = True
 
     def publish(self, ends: Ends, keep_versions: list[int]) -> Published | None:
         """Rank 0 writes the current weights to ``weights/v-N/`` unless already there, and deletes the published
@@ -66,7 +64,7 @@ class FilesTransport(Transport):
         server itself."""
         store, rel = ends.store, published_path(version)
         local = store.local_path(rel)
-        if ends.cfg.cluster.placement == "external":
+        if ends.cfg.placement.samplers_are_servers:
             self._server_load(ends, rel, local, version)
         elif local is not None:
             serve_folder(ends.sampler, local, version)

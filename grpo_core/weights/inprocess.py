@@ -28,13 +28,6 @@ class InProcessTransport(Transport):
     """Each colocated actor's learner rank pushes into its own sampler."""
 
     kind = "inprocess"
-    placements = ("colocate",)
-
-    def placement_error(self, placement: str) -> str:
-        if placement == "external":
-            return super().placement_error(placement)
-        return (f"weights.transport=inprocess needs sampler and learner in one actor (cluster.placement=colocate), "
-                f"not placement={placement}; use broadcast or files")
 
     def publish(self, ends: Ends, keep_versions: list[int]) -> Published:
         from grpo_core.weights.lora import push_adapter_in_process

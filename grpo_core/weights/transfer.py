@@ -23,19 +23,9 @@ if TYPE_CHECKING:
 class VLLMTransferTransport(Transport):
     """A transfer group of learner rank 0 and every sampler's vLLM workers; the trainer-side engine pushes."""
 
-    placements = ("split",)
-    carries_adapter = False
-    forms_group = True
-
     def __init__(self) -> None:
         self._engine = None  # vLLM's trainer-side engine (learner ranks)
         self._client = None  # the client through which rank 0's engine drives the samplers
-
-    def placement_error(self, placement: str) -> str:
-        if placement == "external":
-            return super().placement_error(placement)
-        return (f"weights.transport={self.kind} moves weights between separate actors: it needs "
-                f"cluster.placement={' or '.join(self.placements)} (colocated actors use inprocess)")
 
     def join_group(self, ends: Ends, client: Any, host: str, port: int) -> None:
         self._client = client
@@ -61,7 +51,6 @@ class VLLMTransferTransport(Transport):
 
 class BroadcastTransport(VLLMTransferTransport):
     kind = "broadcast"
-    placements = ("split", "external")
 
     def sampler_backend(self) -> str:
         import torch
@@ -71,7 +60,6 @@ class BroadcastTransport(VLLMTransferTransport):
 
 class CudaIpcTransport(VLLMTransferTransport):
     kind = "cuda_ipc"
-    needs_cuda = True
 
     def sampler_backend(self) -> str:
         import torch

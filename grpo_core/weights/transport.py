@@ -7,10 +7,10 @@ group), and a sampler side, run in every sampler actor afterwards (``receive``: 
 ``publish`` on every learner rank and then ``receive`` on every sampler, whatever the kind; the version a sampler
 serves is its engine's own ``version``.
 
-What a kind can do is stated on its class (the placements it works in, whether it carries a LoRA adapter, whether
-the samplers form a transfer group with learner rank 0, whether it needs CUDA), and the config's cross-field checks
-ask the class (``Transport.check``) instead of naming kinds. ``grpo_core.config`` imports this module, so the kind
-modules keep torch and vLLM imports inside their methods.
+What a kind can do (the placements it works in, whether it carries a LoRA adapter, whether the samplers form a
+transfer group with learner rank 0, whether it needs CUDA) is its row of ``grpo_core.transport_kinds``, an
+import-free table the config's checks read; each class here carries its row's values, so the driver asks the
+transport what it can do, never its name.
 
 LoRA is a payload, not a route: ``inprocess`` and ``files`` carry the adapter alone when ``model.lora`` is set
 (the learner's snapshot is the adapter); ``broadcast`` and ``cuda_ipc`` stream full state dicts into vLLM's
@@ -20,10 +20,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:
-    from grpo_core.config import GRPOConfig
+from grpo_core.transport_kinds import TransportKind, transport_kind
 
 
 @dataclass
@@ -57,41 +56,24 @@ class Ends:
 
 
 class Transport(ABC):
-    """A weight transport (``weights.transport``). Subclasses set the class attributes and implement ``publish``
-    (and ``receive`` where the samplers pull)."""
+    """A weight transport (``weights.transport``). A subclass names its ``kind``; what the kind can do is read from
+    its row of ``grpo_core.transport_kinds`` (the table the config's checks read). Subclasses implement
+    ``publish`` (and ``receive`` where the samplers pull)."""
 
     kind: ClassVar[str]
-    # cluster.placement values it works in
-    placements: ClassVar[tuple[str, ...]]
-    # carries a LoRA adapter alone (model.lora)
+    capabilities: ClassVar[TransportKind]
+    placements: ClassVar[tuple[str, ...]] = ()
     carries_adapter: ClassVar[bool] = True
-    # the samplers' vLLM workers and learner rank 0 form a transfer group, formed again when the samplers change
     forms_group: ClassVar[bool] = False
-    # moves weights through CUDA memory: both roles need GPUs
     needs_cuda: ClassVar[bool] = False
-    # publish keeps the versions the samplers still serve (``keep_versions``) and drops the others
     keeps_serving_versions: ClassVar[bool] = False
 
-    # ------------------------------------------------------------------------------------------ config rules
-    def check(self, cfg: "GRPOConfig") -> None:
-        """Raise ValueError when the config asks this kind for something it cannot do."""
-        c = cfg.cluster
-        if c.placement not in self.placements:
-            raise ValueError(self.placement_error(c.placement))
-        if cfg.model.lora is not None and not self.carries_adapter:
-            raise ValueError(f"model.lora is set: each sync ships only the adapter, which weights.transport="
-                             f"{self.kind} cannot carry (it streams full weights into vLLM); use files "
-                             "(placement=split; auto picks it) or inprocess (placement=colocate)")
-        if self.needs_cuda and (c.sampler_resources.num_gpus <= 0 or c.learner_resources.num_gpus <= 0):
-            raise ValueError(f"weights.transport={self.kind} shares GPU memory between a learner and a sampler on "
-                             "the same GPU: set cluster.sampler_resources.num_gpus and "
-                             "cluster.learner_resources.num_gpus (fractions, e.g. 0.5 each)")
-
-    def placement_error(self, placement: str) -> str:
-        if placement == "external":
-            return (f"weights.transport={self.kind} cannot reach a server process: use files (the server reads "
-                    "weights/v-N/ from the run store) or broadcast (gloo)")
-        return f"weights.transport={self.kind} does not work with cluster.placement={placement}"
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__:  # a concrete kind: its capabilities are its table row's
+            cls.capabilities = transport_kind(cls.kind)
+            for name in ("placements", "carries_adapter", "forms_group", "needs_cuda", "keeps_serving_versions"):
+                setattr(cls, name, getattr(cls.capabilities, name))
 
     # ----------------------------------------------------------------------------------------- engine sides
     def sampler_backend(self) -> str | None:
@@ -115,30 +97,3 @@ class Transport(ABC):
     def leave_group(self, ends: Ends) -> None:
         """Leave the transfer group (before it is formed again with other samplers)."""
 
-
-def auto_kind(placement: str, lora: bool) -> str:
-    """What ``weights.transport: auto`` means: inprocess colocated, broadcast split, files for LoRA split
-    (the adapter is a few MiB of files; vLLM's broadcast engines send full weights) and for external servers
-    (they reach the run store from any host)."""
-    if placement == "colocate":
-        return "inprocess"
-    if placement == "external" or lora:
-        return "files"
-    return "broadcast"
-
-
-def transport_classes() -> dict[str, type[Transport]]:
-    """Every kind by its ``weights.transport`` name."""
-    from grpo_core.weights.files import FilesTransport
-    from grpo_core.weights.inprocess import InProcessTransport
-    from grpo_core.weights.transfer import BroadcastTransport, CudaIpcTransport
-
-    return {cls.kind: cls for cls in (InProcessTransport, FilesTransport, BroadcastTransport, CudaIpcTransport)}
-
-
-def make_transport(kind: str) -> Transport:
-    """The transport of a resolved ``weights.transport`` (``GRPOConfig.transport``)."""
-    classes = transport_classes()
-    if kind not in classes:
-        raise ValueError(f"weights.transport={kind!r}: expected one of {sorted(classes)} or auto")
-    return classes[kind]()

@@ -1,0 +1,330 @@
+"""The policy endpoint: an OpenAI-compatible HTTP API in front of the run's policy, for environments and agents
+written elsewhere (anything that speaks ``/v1/completions`` or ``/v1/chat/completions``).
+
+Each answer carries what a trainer needs besides the text: the sampled token ids (``token_ids``, as vLLM's
+``return_token_ids``), the prompt's (``prompt_token_ids``), their logprobs when asked (OpenAI's ``logprobs`` fields)
+and the policy version that sampled them (``policy_version``). A call tagged with an episode id (the
+``X-Episode-Id`` header, or ``episode_id`` in the body: the OpenAI SDK's ``extra_headers`` / ``extra_body``) is
+recorded by the ``EpisodeRecorder``; ``POST /v1/episodes/{id}/finish`` (with the episode's reward) turns it into
+one training sample, handed to the endpoint's sink (in a run: grouped, then written to the inbox).
+
+127.0.0.1 by default; with a token set, every route but ``/health`` needs ``Authorization: Bearer <token>``. Bad
+requests get OpenAI-style error bodies (``{"error": {"message", "type", "param", "code"}}``). While the policy is
+being updated (``gate.closed``) a call waits at most ``wait_s`` for it to reopen, then gets 503 with
+``Retry-After``; a stopping run answers 503 at once.
+"""
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from grpo_core.endpoint.recorder import EpisodeRecorder, FinishedEpisode, RequestError, TurnPlan
+from grpo_core.endpoint.sampling import SamplingRequest
+from grpo_core.rollout.sampler import Sample
+
+
+class Policy(Protocol):
+    """What the endpoint samples from: the run's samplers (any placement), or one engine in tests."""
+
+    max_model_len: int
+
+    def sample(self, prompt_ids: list[int], request: SamplingRequest) -> tuple[list[Sample], int]:
+        """``request.n`` samples of one prompt and the policy version that drew them."""
+
+
+class EpisodeSink(Protocol):
+    """Where finished episodes go (``grpo_core.endpoint.groups.EpisodeGroups`` in a run)."""
+
+    def check(self, group: str | None) -> None:
+        """Refuse (``RequestError``) an episode that could not be kept, before it is closed."""
+
+    def add(self, episode: FinishedEpisode) -> str | None:
+        """Keep a finished episode; the inbox item it completed, if any."""
+
+    def incomplete(self) -> dict[str, int]:
+        """Groups still short of their episodes."""
+
+
+class PolicyGate:
+    """Open while the policy serves; closed during a weight update (calls wait, bounded) or for good when the run
+    stops (calls are refused at once)."""
+
+    def __init__(self) -> None:
+        self._open = threading.Event()
+        self._open.set()
+        self.stopping = False
+        self.reason = ""
+
+    def close(self, reason: str) -> None:
+        self.reason = reason
+        self._open.clear()
+
+    def reopen(self) -> None:
+        self._open.set()
+
+    def stop(self, reason: str) -> None:
+        self.stopping, self.reason = True, reason
+        self._open.clear()
+
+    def wait(self, seconds: float) -> None:
+        if self.stopping:
+            raise RequestError(f"the run is stopping ({self.reason}): the policy serves no more calls",
+                               code="run_stopping", status=503)
+        if not self._open.wait(seconds):
+            raise RequestError(f"the policy is being updated ({self.reason}); retry shortly", code="policy_updating",
+                               status=503)
+
+
+def _number(body: dict, name: str, default: Any, kind: type, low: float | None = None, high: float | None = None):
+    value = body.get(name, default)
+    if value is None:
+        value = default
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise RequestError(f"{name} must be an integer, not {value!r}", param=name)
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise RequestError(f"{name} must be a number, not {value!r}", param=name)
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise RequestError(f"{name}={value} is out of range [{low}, {high}]", param=name)
+    return kind(value)
+
+
+@dataclass
+class EndpointSettings:
+    model_name: str
+    max_tokens: int  # default per answer (the run's rollout.max_new_tokens)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    token: str | None = None  # bearer token (None: no auth)
+    wait_s: float = 30.0  # how long a call waits for a weight update to finish
+
+
+class PolicyEndpoint:
+    """The routes' logic, independent of the HTTP framework (``app()`` wraps it in FastAPI)."""
+
+    def __init__(self, policy: Policy, recorder: EpisodeRecorder, settings: EndpointSettings,
+                 sink: EpisodeSink | None = None):
+        self.policy, self.recorder, self.settings = policy, recorder, settings
+        self.gate = PolicyGate()
+        self.sink = sink
+        self.finished: list[FinishedEpisode] = []  # kept here when there is no sink
+
+    # ------------------------------------------------------------------------------------------ requests
+    def _sampling(self, body: dict, plan: TurnPlan, max_tokens_key: str = "max_tokens") -> SamplingRequest:
+        s = self.settings
+        for unsupported in ("stream", "tools", "functions", "response_format", "best_of", "echo", "suffix"):
+            if body.get(unsupported) not in (None, False, 1 if unsupported == "best_of" else None):
+                raise RequestError(f"{unsupported} is not served by this endpoint", param=unsupported,
+                                   code="unsupported_parameter")
+        if body.get("stop") not in (None, [], ""):
+            raise RequestError("stop sequences are not served: the policy stops at its end-of-turn token or "
+                               "max_tokens", param="stop", code="unsupported_parameter")
+        room = self.policy.max_model_len - len(plan.prompt_ids)
+        if room < 1:
+            raise RequestError(f"the prompt is {len(plan.prompt_ids)} tokens; the policy's context is "
+                               f"{self.policy.max_model_len}", param="messages", code="context_length_exceeded")
+        limit = body.get(max_tokens_key, body.get("max_completion_tokens"))
+        request = SamplingRequest(
+            n=_number(body, "n", 1, int, 1, 64),
+            max_tokens=min(_number({"m": limit}, "m", s.max_tokens, int, 1, None), room),
+            temperature=_number(body, "temperature", s.temperature, float, 0.0, 2.0),
+            top_p=_number(body, "top_p", s.top_p, float, 1e-6, 1.0),
+            seed=_number(body, "seed", None, int) if body.get("seed") is not None else None)
+        if plan.episode_id is not None and request.n != 1:
+            raise RequestError("an episode's call has one answer (n=1): start one episode per sample", param="n")
+        return request
+
+    def _episode_id(self, body: dict, headers: dict[str, str]) -> str | None:
+        value = headers.get("x-episode-id") or body.get("episode_id")
+        if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 256):
+            raise RequestError("episode_id must be a string of 1-256 characters", param="episode_id")
+        return value
+
+    def _run(self, plan: TurnPlan, request: SamplingRequest) -> tuple[list[Sample], int]:
+        self.gate.wait(self.settings.wait_s)
+        samples, version = self.policy.sample(plan.prompt_ids, request)
+        if version is None:
+            raise RequestError("the policy serves no version of this run yet (it has not been synced)",
+                               code="policy_not_ready", status=503)
+        self.recorder.record(plan, samples[0], version)  # an untracked call is only counted
+        return samples, version
+
+    def _check_model(self, body: dict) -> None:
+        model = body.get("model")
+        if model is not None and model != self.settings.model_name:
+            raise RequestError(f"model {model!r} is not served here; this endpoint serves "
+                               f"{self.settings.model_name!r}", param="model", code="model_not_found", status=404)
+
+    def completions(self, body: Any, headers: dict[str, str]) -> dict[str, Any]:
+        body = _object(body)
+        self._check_model(body)
+        plan = self.recorder.plan_completion(body.get("prompt"), self._episode_id(body, headers))
+        request = self._sampling(body, plan)
+        want_logprobs = body.get("logprobs") is not None
+        samples, version = self._run(plan, request)
+        choices = [{"index": i, "text": s.text, "finish_reason": s.finish_reason, "token_ids": s.token_ids,
+                    "logprobs": ({"tokens": self._pieces(s.token_ids), "token_logprobs": s.logprobs,
+                                  "top_logprobs": None, "text_offset": None} if want_logprobs else None)}
+                   for i, s in enumerate(samples)]
+        return self._response("text_completion", "cmpl", plan, samples, version, choices)
+
+    def chat_completions(self, body: Any, headers: dict[str, str]) -> dict[str, Any]:
+        body = _object(body)
+        self._check_model(body)
+        plan = self.recorder.plan_chat(body.get("messages"), self._episode_id(body, headers))
+        request = self._sampling(body, plan)
+        want_logprobs = bool(body.get("logprobs"))
+        samples, version = self._run(plan, request)
+        choices = []
+        for i, s in enumerate(samples):
+            logprobs = {"content": [{"token": piece, "logprob": lp, "bytes": None, "top_logprobs": []}
+                                    for piece, lp in zip(self._pieces(s.token_ids), s.logprobs)]}
+            choices.append({"index": i, "message": {"role": "assistant", "content": s.text},
+                            "finish_reason": s.finish_reason, "token_ids": s.token_ids,
+                            "logprobs": logprobs if want_logprobs else None})
+        return self._response("chat.completion", "chatcmpl", plan, samples, version, choices)
+
+    def _pieces(self, ids: list[int]) -> list[str]:
+        return self.recorder.tokenizer.convert_ids_to_tokens(ids)
+
+    def _response(self, kind: str, prefix: str, plan: TurnPlan, samples: list[Sample], version: int,
+                  choices: list[dict]) -> dict[str, Any]:
+        completion = sum(len(s.token_ids) for s in samples)
+        return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()),
+                "model": self.settings.model_name, "choices": choices, "prompt_token_ids": plan.prompt_ids,
+                "policy_version": version, "episode_id": plan.episode_id,
+                "usage": {"prompt_tokens": len(plan.prompt_ids), "completion_tokens": completion,
+                          "total_tokens": len(plan.prompt_ids) + completion}}
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.settings.model_name, "object": "model", "created": 0,
+                                            "owned_by": "grpo", "max_model_len": self.policy.max_model_len}]}
+
+    def finish(self, episode_id: str, body: Any) -> dict[str, Any]:
+        body = _object(body) if body is not None else {}
+        reward = body.get("reward")
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
+                                   or reward != reward or abs(reward) == float("inf")):
+            raise RequestError(f"reward must be a finite number or null, not {reward!r}", param="reward")
+        group = body.get("group")
+        if group is not None and (not isinstance(group, str) or not 0 < len(group) <= 256):
+            raise RequestError("group must be a string of 1-256 characters (the episodes of one task)",
+                               param="group")
+        if self.sink is not None:
+            self.sink.check(group)
+        done = self.recorder.finish(episode_id, None if reward is None else float(reward), group)
+        item = None
+        if self.sink is not None:
+            item = self.sink.add(done)
+        else:
+            self.finished.append(done)
+        ep = done.episode
+        return {"episode_id": episode_id, "turns": ep.num_turns, "tokens": len(done.prompt_ids) + len(ep.token_ids),
+                "policy_tokens": sum(ep.mask), "policy_version": done.policy_version, "reward": ep.reward,
+                "group": group, "inbox_item": item}
+
+    # ----------------------------------------------------------------------------------------------- HTTP
+    def authorized(self, headers: dict[str, str]) -> bool:
+        token = self.settings.token
+        return token is None or secrets.compare_digest(headers.get("authorization", ""), f"Bearer {token}")
+
+    def app(self):
+        """The FastAPI application serving these routes."""
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse
+
+        api = FastAPI(title="grpo policy endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+
+        def error(exc: RequestError) -> JSONResponse:
+            kind = "invalid_request_error" if exc.status < 500 else "server_error"
+            headers = {"Retry-After": "1"} if exc.status == 503 else None
+            return JSONResponse({"error": {"message": str(exc), "type": kind, "param": exc.param, "code": exc.code}},
+                                status_code=exc.status, headers=headers)
+
+        async def body_of(request: Request) -> Any:
+            import json
+
+            raw = await request.body()
+            try:
+                return json.loads(raw) if raw else None
+            except ValueError as exc:
+                raise RequestError(f"the body is not JSON: {exc}", code="invalid_json") from None
+
+        def route(handler: Callable[[Any, dict[str, str]], dict[str, Any]], needs_body: bool = True):
+            async def serve(request: Request):
+                headers = {k.lower(): v for k, v in request.headers.items()}
+                if not self.authorized(headers):
+                    return error(RequestError("missing or wrong bearer token (Authorization: Bearer ...)",
+                                              code="invalid_api_key", status=401))
+                try:
+                    body = await body_of(request) if needs_body else None
+                    import anyio
+
+                    out = await anyio.to_thread.run_sync(handler, body, {**headers, **request.path_params})
+                except RequestError as exc:
+                    return error(exc)
+                return JSONResponse(out)
+            serve.__annotations__ = {"request": Request}  # this module's annotations are strings; FastAPI needs it
+            return serve
+
+        api.add_api_route("/v1/models", route(lambda b, h: self.models(), needs_body=False), methods=["GET"])
+        api.add_api_route("/v1/completions", route(self.completions), methods=["POST"])
+        api.add_api_route("/v1/chat/completions", route(self.chat_completions), methods=["POST"])
+        api.add_api_route("/v1/episodes/{episode_id}/finish",
+                          route(lambda b, h: self.finish(h["episode_id"], b)), methods=["POST"])
+        api.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"])
+
+        @api.exception_handler(404)
+        async def not_found(request: Request, exc: Exception):
+            return error(RequestError(f"no route {request.method} {request.url.path}", code="not_found", status=404))
+
+        @api.exception_handler(405)
+        async def not_allowed(request: Request, exc: Exception):
+            return error(RequestError(f"{request.method} is not allowed on {request.url.path}",
+                                      code="method_not_allowed", status=405))
+        return api
+
+
+def _object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object", code="invalid_request")
+    return body
+
+
+class EndpointServer:
+    """Serves an endpoint's app with uvicorn on a thread of this process (127.0.0.1 by default)."""
+
+    def __init__(self, endpoint: PolicyEndpoint, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn
+
+        from grpo_core.netaddr import listening_socket
+
+        self.endpoint = endpoint
+        self._socket = listening_socket(host, port)
+        self.host, self.port = self._socket.getsockname()[:2]
+        config = uvicorn.Config(endpoint.app(), log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
+                                        name="policy-endpoint", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self, timeout: float = 30.0) -> "EndpointServer":
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the policy endpoint did not start on {self.host}:{self.port}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.endpoint.gate.stop("the endpoint is shutting down")
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()

@@ -1,0 +1,50 @@
+"""The policy endpoint of a run (``endpoint`` in the config): opened once the engines are up, closed at the end;
+the sync stage closes its gate while the weights change."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+
+from grpo_core.cluster.fleet_policy import FleetPolicy
+from grpo_core.endpoint.groups import EpisodeGroups
+from grpo_core.endpoint.recorder import EpisodeRecorder
+from grpo_core.endpoint.server import EndpointServer, EndpointSettings, PolicyEndpoint
+from tasks.context import RunContext
+
+ENDPOINT_FILE = "endpoint.json"
+
+
+def open_endpoint(ctx: RunContext) -> EndpointServer:
+    """Serve the run's policy; ``endpoint.json`` in the run folder says where (and the token, when the run made
+    one: owner-readable only on a local run folder)."""
+    from transformers import AutoTokenizer
+
+    cfg, e = ctx.cfg, ctx.cfg.endpoint
+    token = os.environ.get(e.token_env) or secrets.token_urlsafe(24)
+    settings = EndpointSettings(model_name=cfg.run_name, max_tokens=cfg.rollout.max_new_tokens,
+                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, token=token,
+                                wait_s=e.wait_s)
+    recorder = EpisodeRecorder(AutoTokenizer.from_pretrained(cfg.model.path), max_open=e.max_open_episodes)
+    groups = EpisodeGroups(ctx.store, cfg.rollout.samples_per_prompt)
+    policy = FleetPolicy(ctx.engines, cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens)
+    server = EndpointServer(PolicyEndpoint(policy, recorder, settings, sink=groups), e.host, e.port).start()
+    doc = {"url": server.url, "model": cfg.run_name, "token_env": e.token_env,
+           "token": None if os.environ.get(e.token_env) else token, "group_size": cfg.rollout.samples_per_prompt}
+    ctx.store.put_bytes(ENDPOINT_FILE, json.dumps(doc, indent=1).encode())
+    local = ctx.store.local_path(ENDPOINT_FILE)
+    if local is not None:
+        os.chmod(local, 0o600)
+    print(f"policy endpoint on {server.url} (OpenAI API; token in {ctx.store.url(ENDPOINT_FILE)} or "
+          f"${e.token_env}); finished episodes go to the inbox in groups of {cfg.rollout.samples_per_prompt}")
+    return server
+
+
+def close_endpoint(server: EndpointServer) -> None:
+    endpoint = server.endpoint
+    server.stop()
+    left = endpoint.sink.incomplete() if endpoint.sink is not None else {}
+    stats = endpoint.recorder.stats
+    print(f"policy endpoint closed: {stats.calls} calls, {stats.later_turns} later turns of episodes "
+          f"({stats.retokenized_differs} whose text, rendered again, would have given other tokens); "
+          + (f"groups left short of their episodes, not trained on: {left}" if left else "no group left short"))

@@ -1,0 +1,175 @@
+"""The policy endpoint (grpo_core/endpoint/): an OpenAI SDK client's two-turn conversation becomes one training row
+whose trained tokens are the sampled ones; bad input on every route gets an OpenAI-style error; a closed gate
+waits for the update, then refuses."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "test-token"
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model, tmp_path_factory):
+    """The endpoint in front of a `grpo serve` process (the external placement's engine; its own process, so the
+    test process holds no vLLM engine)."""
+    from transformers import AutoTokenizer
+
+    from grpo_core.endpoint.policy import EnginePolicy
+    from grpo_core.endpoint.recorder import EpisodeRecorder
+    from grpo_core.endpoint.server import EndpointServer, EndpointSettings, PolicyEndpoint
+    from grpo_core.rollout.server import ServerSampler
+    from tests.vllm_server import Server
+
+    process = Server(tiny_model, tmp_path_factory.mktemp("serve") / "serve.log",
+                     extra=["--kv-cache-mb", "64", "--max-model-len", "256"])
+    process.wait_ready()
+    engine = ServerSampler(process.url, tag="endpoint-test")
+    engine.serve_base(0)  # serves version 0 of this "run" (as a run's first sync does)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    endpoint = PolicyEndpoint(EnginePolicy(engine, max_model_len=256), EpisodeRecorder(tokenizer),
+                              EndpointSettings(model_name="tiny", max_tokens=12, token=TOKEN, wait_s=0.3))
+    server = EndpointServer(endpoint).start()
+    try:
+        yield server, engine, tokenizer
+    finally:
+        server.stop()
+        process.stop()
+
+
+def test_a_two_turn_conversation_from_the_openai_sdk_is_one_row_of_the_sampled_tokens(served):
+    from openai import OpenAI
+
+    from grpo_core.endpoint.policy import episode_rows
+    from grpo_core.pipeline.inbox import validate
+
+    server, engine, tokenizer = served
+    client = OpenAI(base_url=server.url, api_key=TOKEN)
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    messages = [{"role": "user", "content": "What is 12 + 30?"}]
+    first = client.chat.completions.create(model="tiny", messages=messages, temperature=1.0, seed=3, logprobs=True,
+                                           extra_headers={"X-Episode-Id": "ep-1"})
+    one = first.choices[0]
+    messages += [{"role": "assistant", "content": one.message.content},
+                 {"role": "user", "content": "Check it and answer again."}]
+    second = client.chat.completions.create(model="tiny", messages=messages, seed=4,
+                                            extra_body={"episode_id": "ep-1"})
+    two = second.choices[0]
+    first_ids, second_ids = one.model_extra["token_ids"], two.model_extra["token_ids"]
+    assert first_ids and second_ids and first.model_extra["policy_version"] == 0
+    assert [c.logprob for c in one.logprobs.content] == pytest.approx(
+        [lp for lp in served[1].score_tokens([first.model_extra["prompt_token_ids"] + first_ids],
+                                             [len(first.model_extra["prompt_token_ids"])])[0]], abs=1e-3)
+    # the second prompt continues the first with the tokens sampled, not the answer's text encoded again
+    prompt_1, prompt_2 = first.model_extra["prompt_token_ids"], second.model_extra["prompt_token_ids"]
+    assert prompt_2[:len(prompt_1) + len(first_ids)] == prompt_1 + first_ids
+
+    done = httpx.post(f"{server.url}/episodes/ep-1/finish", json={"reward": 1.0},
+                      headers={"Authorization": f"Bearer {TOKEN}"})
+    assert done.status_code == 200, done.text
+    assert done.json()["turns"] == 2 and done.json()["policy_tokens"] == len(first_ids) + len(second_ids)
+    finished = server.endpoint.finished[-1]
+    table = validate(episode_rows([[finished]]), "ep-1", group_size=1)
+    row = table.to_pylist()[0]
+    response, mask = row["response_token_ids"], row["response_mask"]
+    assert row["prompt_token_ids"] == prompt_1 and row["reward"] == 1.0
+    assert prompt_1 + response[:len(prompt_2) - len(prompt_1)] == prompt_2  # the row is the conversation's tokens
+    trained = [t for t, m in zip(response, mask) if m]
+    assert trained == first_ids + second_ids  # what the learner trains on is what the sampler drew
+    policy_logprobs = [lp for lp, m in zip(row["sampler_logprobs"], mask) if m]
+    assert len(policy_logprobs) == len(trained) and all(lp <= 0.0 for lp in policy_logprobs)
+    stats = server.endpoint.recorder.stats
+    assert stats.later_turns >= 1 and stats.retokenized_differs <= stats.later_turns
+
+
+def _post(server, path: str, body, token: str | None = TOKEN, raw: bool = False) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if raw:
+        return httpx.post(f"{server.url}{path}", content=body, headers={**headers,
+                                                                         "Content-Type": "application/json"})
+    return httpx.post(f"{server.url}{path}", json=body, headers=headers)
+
+
+@pytest.mark.parametrize("path,body,status,param,code", [
+    ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, 401, None, "invalid_api_key"),
+    ("/chat/completions", b"{not json", 400, None, "invalid_json"),
+    ("/chat/completions", [1, 2], 400, None, "invalid_request"),
+    ("/chat/completions", {}, 400, "messages", "invalid_request"),
+    ("/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role",
+     "invalid_request"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages[0].content", "invalid_request"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 0}, 400, "n", "invalid_request"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400,
+     "temperature", "invalid_request"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": True}, 400, "stream",
+     "unsupported_parameter"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}, 404, "model",
+     "model_not_found"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "x" * 2000}]}, 400, "messages",
+     "context_length_exceeded"),
+    ("/completions", {"prompt": [1, 2, 10**9]}, 400, "prompt", "invalid_request"),
+    ("/completions", {"prompt": 42}, 400, "prompt", "invalid_request"),
+    ("/completions", {"prompt": "a", "stop": ["\n"]}, 400, "stop", "unsupported_parameter"),
+    ("/episodes/nobody/finish", {"reward": 1.0}, 404, "episode_id", "unknown_episode"),
+    ("/nowhere", {}, 404, None, "not_found"),
+])
+def test_bad_requests_get_openai_style_errors(served, path, body, status, param, code):
+    server = served[0]
+    token = None if code == "invalid_api_key" else TOKEN
+    out = _post(server, path, body, token=token, raw=isinstance(body, bytes))
+    assert out.status_code == status, out.text
+    error = out.json()["error"]
+    assert error["code"] == code and error["param"] == param and error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_an_episode_must_continue_its_history_and_a_reward_must_be_a_number(served):
+    server = served[0]
+    first = _post(server, "/chat/completions", {"messages": [{"role": "user", "content": "1 + 1?"}],
+                                               "episode_id": "ep-2", "max_tokens": 4})
+    assert first.status_code == 200, first.text
+    rewritten = _post(server, "/chat/completions", {
+        "messages": [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "edited"},
+                     {"role": "user", "content": "sure?"}], "episode_id": "ep-2"})
+    assert rewritten.status_code == 400 and rewritten.json()["error"]["code"] == "episode_history_mismatch"
+    assert rewritten.json()["error"]["param"] == "messages[1]"
+    two = _post(server, "/chat/completions", {"messages": [{"role": "user", "content": "x"}], "episode_id": "ep-3",
+                                              "n": 2})
+    assert two.status_code == 400 and two.json()["error"]["param"] == "n"
+    for bad in ("x", float("nan"), True):
+        out = httpx.post(f"{server.url}/episodes/ep-2/finish", content=json.dumps({"reward": bad}),
+                         headers={"Authorization": f"Bearer {TOKEN}"})
+        assert out.status_code == 400 and out.json()["error"]["param"] == "reward", out.text
+    assert "ep-2" in server.endpoint.recorder.open_episodes()  # a refused finish leaves the episode open
+
+
+def test_a_closed_gate_waits_for_the_update_then_refuses_and_a_stopping_run_refuses_at_once(served):
+    import threading
+
+    from grpo_core.endpoint.recorder import RequestError
+    from grpo_core.endpoint.server import PolicyGate
+
+    server = served[0]
+    body = {"prompt": "1 + 1 =", "max_tokens": 2}
+    gate, settings = server.endpoint.gate, server.endpoint.settings
+    gate.close("sync to version 1")
+    try:
+        out = _post(server, "/completions", body)  # never reopened within wait_s
+        assert out.status_code == 503 and out.json()["error"]["code"] == "policy_updating"
+        assert out.headers["Retry-After"] == "1" and "sync to version 1" in out.json()["error"]["message"]
+        settings.wait_s = 60.0
+        threading.Timer(0.5, gate.reopen).start()  # the update ends while the call waits
+        assert _post(server, "/completions", body).status_code == 200
+    finally:
+        settings.wait_s = 0.3
+        gate.reopen()
+    stopping = PolicyGate()
+    stopping.stop("the run finished")
+    with pytest.raises(RequestError, match="the run is stopping") as refused:
+        stopping.wait(60.0)
+    assert refused.value.status == 503 and refused.value.code == "run_stopping"

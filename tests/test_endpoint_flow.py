@@ -1,0 +1,87 @@
+"""A run with the policy endpoint: an outside agent (the OpenAI SDK, in a thread) answers tasks through it, finishes
+each episode with its reward and task group, and the run trains on those groups with the tokens the agent was
+served."""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import pytest
+
+from grpo_core.storage import RunStore
+from tests.conftest import tiny_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
+
+TASKS = [(a, b) for a in range(3, 9) for b in range(2, 6)]
+
+
+def _agent(store: RunStore, served: dict[str, list[int]], stop: threading.Event, errors: list[str]) -> None:
+    """Until the run ends: per task, 4 episodes of one turn each, rewarded 1 when the boxed answer is right."""
+    import httpx
+    from openai import APIConnectionError, OpenAI
+
+    while not stop.is_set() and store.get_json_file("endpoint.json") is None:
+        time.sleep(0.05)
+    doc = store.get_json_file("endpoint.json")
+    if doc is None:
+        return
+    client = OpenAI(base_url=doc["url"], api_key=doc["token"], max_retries=0)
+    for t, (a, b) in enumerate(TASKS * 4):
+        if stop.is_set():
+            return
+        try:
+            for i in range(doc["group_size"]):
+                episode = f"task-{t}-{i}"
+                out = client.chat.completions.create(
+                    model=doc["model"], messages=[{"role": "user", "content": f"What is {a} + {b}?"}],
+                    extra_headers={"X-Episode-Id": episode})
+                served[episode] = out.choices[0].model_extra["token_ids"]
+                found = re.findall(r"\\boxed\{(-?\d+)\}", out.choices[0].message.content or "")
+                reward = 1.0 if found and int(found[-1]) == a + b else 0.0
+                done = httpx.post(f"{doc['url']}/episodes/{episode}/finish", json={"reward": reward,
+                                                                                   "group": f"task-{t}"},
+                                  headers={"Authorization": f"Bearer {doc['token']}"})
+                done.raise_for_status()
+        except (httpx.ConnectError, APIConnectionError):
+            return  # the run ended and closed its endpoint (checked after the run: it did finish)
+        except Exception as exc:  # noqa: BLE001 - anything else is the endpoint's failure
+            errors.append(repr(exc))
+            return
+
+
+def test_an_outside_agent_drives_training_through_the_endpoint(tiny_model, tmp_path, prefect_harness, monkeypatch):
+    from flows.grpo_train import grpo_train
+
+    monkeypatch.delenv("GRPO_ENDPOINT_TOKEN", raising=False)  # the run makes a token and writes it down
+    cfg = tiny_config(tiny_model, str(tmp_path), run_name="outside", iterations=8, eval__interval=0,
+                      rollout__prompts_per_iteration=4, rollout__samples_per_prompt=4, rollout__max_staleness=1,
+                      rollout__inbox_max_staleness=4,
+                      cluster__placement="split", cluster__sampler_resources={"num_cpus": 0.5}, endpoint={})
+    store = RunStore(str(tmp_path), "outside")
+    served: dict[str, list[int]] = {}
+    errors: list[str] = []
+    stop = threading.Event()
+    agent = threading.Thread(target=_agent, args=(store, served, stop, errors), daemon=True)
+    agent.start()
+    try:
+        grpo_train(config=cfg)
+    finally:
+        stop.set()
+        agent.join(timeout=60)
+    doc = json.loads((tmp_path / "outside" / "endpoint.json").read_text())
+    assert doc["token"] and (tmp_path / "outside" / "endpoint.json").stat().st_mode & 0o077 == 0
+    assert not errors, errors
+    assert store.get_json_file("status.json")["state"] == "finished"
+    rows = [r for r in store.read_metrics().to_pylist() if r["iteration"] < 8]
+    taken = [k for k, r in enumerate(rows) if r["inbox_groups"]]
+    assert taken, [r["inbox_groups"] for r in rows]
+    for k in taken:  # what was trained on is what the agent was served, token for token
+        table = store.get_table(k, "inbox.parquet").to_pylist()
+        assert len(table) == rows[k]["inbox_groups"] * 4
+        for row in table:
+            assert row["response_token_ids"] in served.values() and all(row["response_mask"])
+            assert row["sampler_id"] == -1
+        assert store.entry(k, "train.json") is not None

@@ -1,0 +1,148 @@
+"""The code's shape, checked so that it stays: the placement's name is branched on only where it is chosen, the
+driver side returns typed results, no function grows past a screenful or two, and grpo_core has no import circle.
+Each check is tried on a small sample it must reject, so that it can fail."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+from tests.test_imports import name_comparisons
+
+PLACEMENT_KINDS = {"colocate", "split", "external"}
+PACKAGES = ("grpo_core", "tasks", "flows", "grpo_cli")
+
+
+def _files(*packages: str) -> list[Path]:
+    return sorted(f for p in packages for f in ((REPO / p).rglob("*.py") if (REPO / p).is_dir() else [REPO / p]))
+
+
+def placement_comparisons(path: Path) -> list[int]:
+    """Lines where a placement's name is compared with something (``c.placement == "split"``, ``p in ("colocate",
+    ...)``)."""
+    return name_comparisons(path, PLACEMENT_KINDS)
+
+
+def test_the_placement_is_branched_on_only_where_it_is_chosen():
+    """One class per placement (``grpo_core.placements``, and one sampler fleet per placement in the cluster
+    layer): no module compares ``cluster.placement`` with a name."""
+    found = {str(f.relative_to(REPO)): placement_comparisons(f) for f in _files(*PACKAGES)}
+    assert {f: lines for f, lines in found.items() if lines and f != "grpo_core/placements.py"} == {}
+
+
+def test_the_placement_check_finds_a_branch(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('def f(cfg):\n    if cfg.cluster.placement == "split":\n        return 1\n'
+                    '    return cfg.cluster.placement in ("colocate", "external")\n')
+    assert placement_comparisons(path) == [2, 4]
+
+
+def untyped_returns(path: Path) -> list[str]:
+    """Functions whose return annotation is ``dict[str, Any]`` (optionally ``| None``)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None \
+                and "dict[str, Any]" in ast.unparse(node.returns):
+            out.append(f"{path.relative_to(REPO)}:{node.name}")
+    return out
+
+
+def test_the_stage_path_returns_typed_results():
+    """Between the engine actors and the flow, results are dataclasses (``grpo_core.results``); what remains as a
+    dict is a manifest's free-form metadata, a metrics row and the flow's own return value."""
+    found = [name for f in _files("flows", "tasks", "grpo_core/cluster", "grpo_core/roles", "grpo_core/engine_worker.py")
+             for name in untyped_returns(f)]
+    assert len(found) <= 8, found
+
+
+def long_functions(path: Path, limit: int = 100) -> list[str]:
+    return [f"{path.relative_to(REPO)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_no_function_is_over_100_lines():
+    assert [name for f in _files("grpo_core", "flows", "tasks") for name in long_functions(f)] == []
+
+
+def test_the_engines_lifecycle_stays_small():
+    """What stays of the engines' class is their lifecycle; the handles (learner group, sampler fleet, weight sync)
+    are modules of their own."""
+    assert len((REPO / "grpo_core/cluster/engines.py").read_text().splitlines()) < 250
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports at run time (anywhere in the file, lazily or not;
+    ``if TYPE_CHECKING:`` blocks are not imports)."""
+    modules = {}
+    for f in root.rglob("*.py"):
+        name = ".".join(f.relative_to(root.parent).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = f
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, f in modules.items():
+        tree = ast.parse(f.read_text(), str(f))
+        typing_only = {id(n) for node in ast.walk(tree)
+                       if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                       for stmt in node.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules]
+                targets = subs if len(subs) == len(node.names) else [node.module, *subs]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and target != root.name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_grpo_core_has_no_import_circle():
+    assert cycles(import_graph(REPO / "grpo_core")) == []
+
+
+def test_the_circle_check_finds_a_circle(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg import a\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
+    assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.b"]]
