@@ -115,6 +115,7 @@ def _post(server, path: str, body, token: str | None = TOKEN, raw: bool = False)
     ("/completions", {"prompt": [1, 2, 10**9]}, 400, "prompt", "invalid_request"),
     ("/completions", {"prompt": 42}, 400, "prompt", "invalid_request"),
     ("/completions", {"prompt": "a", "stop": ["\n"]}, 400, "stop", "unsupported_parameter"),
+    ("/completions", {"prompt": "a", "max_tokens": 0}, 400, "max_tokens", "invalid_request"),
     ("/episodes/nobody/finish", {"reward": 1.0}, 404, "episode_id", "unknown_episode"),
     ("/nowhere", {}, 404, None, "not_found"),
 ])

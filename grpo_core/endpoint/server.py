@@ -79,6 +79,11 @@ class PolicyGate:
                                status=503)
 
 
+# Request fields this endpoint does not serve, with the value that asks for nothing (then accepted)
+_UNSERVED = {"stream": False, "tools": [], "functions": [], "response_format": {"type": "text"}, "best_of": 1,
+             "echo": False, "suffix": ""}
+
+
 def _number(body: dict, name: str, default: Any, kind: type, low: float | None = None, high: float | None = None):
     value = body.get(name, default)
     if value is None:
@@ -113,12 +118,11 @@ class PolicyEndpoint:
         self.finished: list[FinishedEpisode] = []  # kept here when there is no sink
 
     # ------------------------------------------------------------------------------------------ requests
-    def _sampling(self, body: dict, plan: TurnPlan, max_tokens_key: str = "max_tokens") -> SamplingRequest:
+    def _sampling(self, body: dict, plan: TurnPlan) -> SamplingRequest:
         s = self.settings
-        for unsupported in ("stream", "tools", "functions", "response_format", "best_of", "echo", "suffix"):
-            if body.get(unsupported) not in (None, False, 1 if unsupported == "best_of" else None):
-                raise RequestError(f"{unsupported} is not served by this endpoint", param=unsupported,
-                                   code="unsupported_parameter")
+        for name, neutral in _UNSERVED.items():
+            if body.get(name) not in (None, neutral):
+                raise RequestError(f"{name} is not served by this endpoint", param=name, code="unsupported_parameter")
         if body.get("stop") not in (None, [], ""):
             raise RequestError("stop sequences are not served: the policy stops at its end-of-turn token or "
                                "max_tokens", param="stop", code="unsupported_parameter")
@@ -126,10 +130,10 @@ class PolicyEndpoint:
         if room < 1:
             raise RequestError(f"the prompt is {len(plan.prompt_ids)} tokens; the policy's context is "
                                f"{self.policy.max_model_len}", param="messages", code="context_length_exceeded")
-        limit = body.get(max_tokens_key, body.get("max_completion_tokens"))
+        key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         request = SamplingRequest(
             n=_number(body, "n", 1, int, 1, 64),
-            max_tokens=min(_number({"m": limit}, "m", s.max_tokens, int, 1, None), room),
+            max_tokens=min(_number(body, key, s.max_tokens, int, 1, None), room),
             temperature=_number(body, "temperature", s.temperature, float, 0.0, 2.0),
             top_p=_number(body, "top_p", s.top_p, float, 1e-6, 1.0),
             seed=_number(body, "seed", None, int) if body.get("seed") is not None else None)
