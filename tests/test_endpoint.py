@@ -86,12 +86,29 @@ def test_a_two_turn_conversation_from_the_openai_sdk_is_one_row_of_the_sampled_t
     assert stats.later_turns >= 1 and stats.retokenized_differs <= stats.later_turns
 
 
+def test_atropos_generate_route_gives_tokens_and_logprobs_as_its_vllm_server_type_reads_them(served):
+    """atroposlib's ``server_type: vllm`` posts to ``<base without /v1>/generate`` and reads
+    ``logprobs[sample][position][0] = {"<token id>": logprob}`` and ``finish_reasons``."""
+    server, engine, tokenizer = served
+    prompt = tokenizer.encode("What is 2 + 5?")
+    out = httpx.post(server.url.removesuffix("/v1") + "/generate",
+                     json={"prompt": {"prompt_token_ids": prompt}, "logprobs": 0, "n": 2, "max_tokens": 8,
+                           "temperature": 1.0, "seed": 5}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert out.status_code == 200, out.text
+    doc = out.json()
+    ids = [[int(next(iter(item[0]))) for item in sample] for sample in doc["logprobs"]]  # as atroposlib parses it
+    logprobs = [[next(iter(item[0].values())) for item in sample] for sample in doc["logprobs"]]
+    assert ids == doc["token_ids"] and len(ids) == 2 and all(ids) and len(doc["finish_reasons"]) == 2
+    assert logprobs[0] == pytest.approx(engine.score_tokens([prompt + ids[0]], [len(prompt)])[0], abs=1e-3)
+    assert doc["prompt_token_ids"] == prompt and doc["policy_version"] == 0
+
+
 def _post(server, path: str, body, token: str | None = TOKEN, raw: bool = False) -> httpx.Response:
+    url = (server.url.removesuffix("/v1") if path == "/generate" else server.url) + path  # /generate is at the root
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if raw:
-        return httpx.post(f"{server.url}{path}", content=body, headers={**headers,
-                                                                         "Content-Type": "application/json"})
-    return httpx.post(f"{server.url}{path}", json=body, headers=headers)
+        return httpx.post(url, content=body, headers={**headers, "Content-Type": "application/json"})
+    return httpx.post(url, json=body, headers=headers)
 
 
 @pytest.mark.parametrize("path,body,status,param,code", [
@@ -118,6 +135,7 @@ def _post(server, path: str, body, token: str | None = TOKEN, raw: bool = False)
     ("/completions", {"prompt": "a", "max_tokens": 0}, 400, "max_tokens", "invalid_request"),
     ("/episodes/nobody/finish", {"reward": 1.0}, 404, "episode_id", "unknown_episode"),
     ("/nowhere", {}, 404, None, "not_found"),
+    ("/generate", {"prompt": "text"}, 400, "prompt", "invalid_request"),
 ])
 def test_bad_requests_get_openai_style_errors(served, path, body, status, param, code):
     server = served[0]

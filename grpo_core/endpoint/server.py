@@ -191,6 +191,24 @@ class PolicyEndpoint:
                             "logprobs": logprobs if want_logprobs else None})
         return self._response("chat.completion", "chatcmpl", plan, samples, version, choices)
 
+    def generate(self, body: Any, headers: dict[str, str]) -> dict[str, Any]:
+        """vLLM's native ``POST /generate`` as Atropos's ``server_type: vllm`` calls it (``ManagedServer`` keeps the
+        tokens itself): ``{"prompt": {"prompt_token_ids": [...]}, "logprobs": 0, n, max_tokens, ...}`` ->
+        ``{"logprobs": [per sample: [per token: [{"<id>": logprob}]]], "finish_reasons": [...]}``, with the texts,
+        the token ids and the policy version beside them."""
+        body = _object(body)
+        prompt = body.get("prompt")
+        ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
+        if ids is None:
+            raise RequestError("prompt must be {\"prompt_token_ids\": [...]}", param="prompt")
+        plan = self.recorder.plan_completion(ids, self._episode_id(body, headers))
+        request = self._sampling({k: v for k, v in body.items() if k not in ("prompt", "logprobs")}, plan)
+        samples, version = self._run(plan, request)
+        return {"logprobs": [[[{str(t): lp}] for t, lp in zip(s.token_ids, s.logprobs)] for s in samples],
+                "finish_reasons": [s.finish_reason for s in samples], "text": [s.text for s in samples],
+                "token_ids": [s.token_ids for s in samples], "prompt_token_ids": plan.prompt_ids,
+                "policy_version": version}
+
     def _pieces(self, ids: list[int]) -> list[str]:
         return self.recorder.tokenizer.convert_ids_to_tokens(ids)
 
@@ -279,6 +297,7 @@ class PolicyEndpoint:
         api.add_api_route("/v1/chat/completions", route(self.chat_completions), methods=["POST"])
         api.add_api_route("/v1/episodes/{episode_id}/finish",
                           route(lambda b, h: self.finish(h["episode_id"], b)), methods=["POST"])
+        api.add_api_route("/generate", route(self.generate), methods=["POST"])  # Atropos (server_type: vllm)
         api.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"])
 
         @api.exception_handler(404)
