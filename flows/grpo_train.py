@@ -39,7 +39,7 @@ from grpo_core.storage import RunStore
 from tasks.checkpoint import begin_checkpoint, commit_checkpoint, restore, save_final
 from tasks.console import RunConsole
 from tasks.context import Opaque, RunContext
-from tasks.endpoint import close_endpoint, open_endpoint
+from tasks.endpoint import close_endpoint, open_endpoint, paused
 from tasks.evaluate import evaluate
 from tasks.inbox import take_inbox
 from tasks.io_retry import io_retry_options
@@ -303,14 +303,14 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Cons
           f"{c.learners} learner rank(s), weights by {cfg.transport}, {'/'.join(info.dtypes)}; vLLM load "
           f"{info.sampler_load_s:.1f}s, DeepSpeed init {info.learner_init_s:.1f}s); run folder {store.uri}")
     resumed_from = None
-    if cfg.endpoint is not None:
-        ctx.endpoint = open_endpoint(ctx)
     if ref is not None:
         restored = stages.restore(ctx, ref)
         resumed_from = ref.name
         print(f"resuming {cfg.run_name} from {ref.name}, policy version {ref.policy_version} "
               f"(restored in {restored.seconds:.1f}s; continuing at iteration {ref.next_iteration})")
     start = ref.next_iteration if ref is not None else 0
+    if cfg.endpoint is not None:  # the samplers hold the run's weights now
+        ctx.endpoint = open_endpoint(ctx)
     console = RunConsole(cfg.run_name, cfg.iterations, store.read_metrics().to_pylist(),
                          min_interval_s=cfg.logging.console_interval_s)
     try:
@@ -358,11 +358,12 @@ def _iterate_with_recovery(ctx: RunContext, stages: _Stages, start: int, console
                     f"recoveries. Resume the run with the same run_name ({cfg.run_name}) "
                     + (f"from {store.url('checkpoints/' + where)}" if where else "from its start (no checkpoint)")
                 ) from lost
-            info = ctx.engines.recreate()
-            ctx.status.actors = info.actors
-            ref = stages.latest_checkpoint(store)
-            if ref is not None:
-                stages.restore(ctx, ref)
+            with paused(ctx, "the engines are being recreated after a lost actor"):
+                info = ctx.engines.recreate()
+                ctx.status.actors = info.actors
+                ref = stages.latest_checkpoint(store)
+                if ref is not None:
+                    stages.restore(ctx, ref)
             start = ref.next_iteration if ref is not None else 0
             print(f"{lost}\nrecreated the engine actors ({ctx.status.recoveries}/{cfg.cluster.max_actor_restarts}) "
                   f"in {info.recreate_s:.1f}s and restored "

@@ -61,7 +61,6 @@ def restore(ctx: RunContext, ref: checkpoint.CheckpointRef) -> Restored:
     weights; the difficulty pool goes back to its state there."""
     started = time.perf_counter()
     ctx.engines.learners.restore(ref)
-    ctx.pending_checkpoint = None
     ctx.engines.weights.sync()
     pool = ctx.train_prompts.pool
     if pool is not None:

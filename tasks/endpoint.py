@@ -1,10 +1,12 @@
-"""The policy endpoint of a run (``endpoint`` in the config): opened once the engines are up, closed at the end;
-the sync stage closes its gate while the weights change."""
+"""The policy endpoint of a run (``endpoint`` in the config): opened once the engines are up and hold the run's
+weights, closed at the end; paused (``paused``) while the weights change or the engines are recreated."""
 from __future__ import annotations
 
 import json
 import os
 import secrets
+from contextlib import contextmanager
+from typing import Iterator
 
 from grpo_core.cluster.fleet_policy import FleetPolicy
 from grpo_core.endpoint.groups import EpisodeGroups
@@ -21,7 +23,8 @@ def open_endpoint(ctx: RunContext) -> EndpointServer:
     from transformers import AutoTokenizer
 
     cfg, e = ctx.cfg, ctx.cfg.endpoint
-    token = os.environ.get(e.token_env) or secrets.token_urlsafe(24)
+    given = os.environ.get(e.token_env)
+    token = given or secrets.token_urlsafe(24)
     settings = EndpointSettings(model_name=cfg.run_name, max_tokens=cfg.rollout.max_new_tokens,
                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, token=token,
                                 wait_s=e.wait_s)
@@ -30,7 +33,7 @@ def open_endpoint(ctx: RunContext) -> EndpointServer:
     policy = FleetPolicy(ctx.engines, cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens)
     server = EndpointServer(PolicyEndpoint(policy, recorder, settings, sink=groups), e.host, e.port).start()
     doc = {"url": server.url, "model": cfg.run_name, "token_env": e.token_env,
-           "token": None if os.environ.get(e.token_env) else token, "group_size": cfg.rollout.samples_per_prompt}
+           "token": None if given else token, "group_size": cfg.rollout.samples_per_prompt}
     ctx.store.put_bytes(ENDPOINT_FILE, json.dumps(doc, indent=1).encode())
     local = ctx.store.local_path(ENDPOINT_FILE)
     if local is not None:
@@ -38,6 +41,20 @@ def open_endpoint(ctx: RunContext) -> EndpointServer:
     print(f"policy endpoint on {server.url} (OpenAI API; token in {ctx.store.url(ENDPOINT_FILE)} or "
           f"${e.token_env}); finished episodes go to the inbox in groups of {cfg.rollout.samples_per_prompt}")
     return server
+
+
+@contextmanager
+def paused(ctx: RunContext, reason: str) -> Iterator[None]:
+    """Outside callers wait (at most ``endpoint.wait_s``, then 503) while the block runs; nothing without an
+    endpoint."""
+    gate = ctx.endpoint.endpoint.gate if ctx.endpoint is not None else None
+    if gate is not None:
+        gate.close(reason)
+    try:
+        yield
+    finally:
+        if gate is not None:
+            gate.reopen()
 
 
 def close_endpoint(server: EndpointServer) -> None:

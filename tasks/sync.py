@@ -9,6 +9,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from tasks.context import Opaque, RunContext
+from tasks.endpoint import paused
 from grpo_core.results import SyncResult
 
 
@@ -25,15 +26,9 @@ def sync(ctx: RunContext, check: tuple[int, str] | None = None, iteration: int |
     """Push weights (after ``iteration``'s training, if given); with ``check=(iteration, rollout file)`` also
     check that every sampler was handed the learner's weights (by digest) and measure the logprob gap on some of
     that file's sequences of every sampler."""
-    gate = ctx.endpoint.endpoint.gate if ctx.endpoint is not None else None
-    if gate is not None:  # outside callers wait (bounded) while the weights change
-        gate.close("the weights are being updated" + (f" after iteration {iteration}" if iteration is not None
-                                                       else ""))
-    try:
+    with paused(ctx, "the weights are being updated" + (f" after iteration {iteration}" if iteration is not None
+                                                         else "")):
         synced = ctx.engines.weights.sync()
-    finally:
-        if gate is not None:
-            gate.reopen()
     rows = ctx.cfg.weights.check_samples
     if check is None or rows <= 0:
         return synced

@@ -192,3 +192,26 @@ def test_a_closed_gate_waits_for_the_update_then_refuses_and_a_stopping_run_refu
     with pytest.raises(RequestError, match="the run is stopping") as refused:
         stopping.wait(60.0)
     assert refused.value.status == 503 and refused.value.code == "run_stopping"
+
+
+def test_an_episode_takes_one_call_at_a_time(served):
+    """Two calls on one episode at once, or one planned before the other's answer was recorded, would fork the
+    episode the learner trains on: the second is refused (409)."""
+    from grpo_core.endpoint.recorder import RequestError
+    from grpo_core.rollout.sampler import Sample
+
+    recorder = served[0].endpoint.recorder
+    messages = [{"role": "user", "content": "1 + 2?"}]
+    first, twin = recorder.plan_chat(messages, "ep-busy"), recorder.plan_chat(messages, "ep-busy")
+    with recorder.turn(first):
+        with pytest.raises(RequestError, match="another call in flight") as busy:
+            with recorder.turn(twin):
+                pass
+        recorder.record(first, Sample(token_ids=[5, 6], logprobs=[-0.1, -0.2], text="x", finish_reason="length"), 0)
+    assert busy.value.status == 409 and busy.value.code == "episode_busy"
+    with pytest.raises(RequestError, match="another call in flight"):
+        with recorder.turn(twin):  # planned before the first answer was recorded
+            pass
+    with recorder.turn(recorder.plan_chat(messages + [{"role": "assistant", "content": "x"},
+                                                      {"role": "user", "content": "sure?"}], "ep-busy")):
+        pass  # planned on the recorded state: goes through

@@ -214,8 +214,8 @@ class ActorFleet(SamplerFleet):
             self.waiting.discard(sid)
             self.replaced += 1
             where = next(a.address for a in self.placed if a.role == f"sampler {sid}")
-            print(f"replaced sampler {sid} in {time.perf_counter() - started:.1f}s on node {where}; it catches up "
-                  f"through {self.cfg.storage.root}/.../weights/")
+            print(f"replaced sampler {sid} in {time.perf_counter() - started:.1f}s on node {where}; it takes the "
+                  f"current weights before it samples")
         return back
 
     def _wait_for_node(self, sid: int, why: str) -> None:

@@ -6,7 +6,6 @@ recreates every actor and restores the latest checkpoint).
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 from grpo_core.checkpoint import CheckpointRef, PendingCheckpoint
@@ -86,11 +85,9 @@ class LearnerGroup:
             pending.ranks[rank] = written
         return not pending.waiting_for
 
-    def restore(self, ref: CheckpointRef) -> float:
-        """Every rank loads the committed checkpoint ``ref``; returns the seconds."""
-        started = time.perf_counter()
+    def restore(self, ref: CheckpointRef) -> None:
+        """Every rank loads the committed checkpoint ``ref`` (the caller then syncs the samplers)."""
         self.on_all(lambda a: a.restore.remote(ref), "restore")
-        return time.perf_counter() - started
 
     def save_final(self) -> FinalPolicy:
         return self.on_rank0(lambda a: a.save_final.remote(), "save_final")

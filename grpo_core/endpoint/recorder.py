@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from grpo_core.envs.episode import ANSWERED, LENGTH, ChatContinuation, Episode
 from grpo_core.rollout.sampler import Sample
@@ -64,6 +65,7 @@ class TurnPlan:
     added_text: str = ""
     transcript: list[dict[str, str]] | str | None = None  # the client's view after this call's prompt
     retokenized_differs: bool | None = None  # later turns: whether rendering the text again gives other tokens
+    recorded: int = 0  # the episode's tokens when the call was planned (0: a new episode)
 
 
 @dataclass
@@ -102,7 +104,29 @@ class EpisodeRecorder:
         self.max_open = max_open
         self.stats = RecorderStats()
         self._open: dict[str, _Open] = {}
+        self._busy: set[str] = set()  # episodes with a call in flight
         self._lock = threading.Lock()
+
+    @contextmanager
+    def turn(self, plan: TurnPlan) -> Iterator[None]:
+        """Hold ``plan``'s episode for its call: a second call on it meanwhile, or one planned before the last
+        answer was recorded, is refused (it would fork the episode the learner trains on)."""
+        episode = plan.episode_id
+        if episode is None:
+            yield
+            return
+        with self._lock:
+            state = self._open.get(episode)
+            now = 0 if state is None else len(state.prompt_ids) + len(state.episode.token_ids)
+            if episode in self._busy or now != plan.recorded:
+                raise RequestError(f"episode {episode!r} has another call in flight: an episode's calls go one after "
+                                   "the other", param="episode_id", code="episode_busy", status=409)
+            self._busy.add(episode)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy.discard(episode)
 
     # ------------------------------------------------------------------------------------------------ plans
     def plan_chat(self, messages: Any, episode_id: str | None) -> TurnPlan:
@@ -129,7 +153,7 @@ class EpisodeRecorder:
         added = self.chat.render(new, turn_closed=state.closed)
         prompt = state.prompt_ids + state.episode.token_ids + added
         return TurnPlan(prompt, episode_id, added, new[0]["role"], json.dumps(new, ensure_ascii=False), transcript,
-                        retokenized_differs=naive != prompt)
+                        retokenized_differs=naive != prompt, recorded=len(prompt) - len(added))
 
     def plan_completion(self, prompt: Any, episode_id: str | None) -> TurnPlan:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -153,7 +177,8 @@ class EpisodeRecorder:
             if ids[:len(before)] != before or len(ids) == len(before):
                 raise RequestError(f"episode {episode_id!r}: the prompt's token ids do not extend the recorded "
                                    "episode", param="prompt", code="episode_history_mismatch")
-            return TurnPlan(ids, episode_id, ids[len(before):], "user", "", "", retokenized_differs=False)
+            return TurnPlan(ids, episode_id, ids[len(before):], "user", "", "", retokenized_differs=False,
+                            recorded=len(before))
         known = state.transcript
         assert isinstance(known, str)
         if not text.startswith(known) or text == known:
@@ -162,7 +187,7 @@ class EpisodeRecorder:
         added = self.tokenizer.encode(text[len(known):], add_special_tokens=False)
         prompt_ids = before + added
         return TurnPlan(prompt_ids, episode_id, added, "user", text[len(known):], text,
-                        retokenized_differs=ids != prompt_ids)
+                        retokenized_differs=ids != prompt_ids, recorded=len(before))
 
     # ------------------------------------------------------------------------------------------------ record
     def record(self, plan: TurnPlan, sample: Sample, version: int) -> None:

@@ -149,11 +149,16 @@ class PolicyEndpoint:
 
     def _run(self, plan: TurnPlan, request: SamplingRequest) -> tuple[list[Sample], int]:
         self.gate.wait(self.settings.wait_s)
-        samples, version = self.policy.sample(plan.prompt_ids, request)
-        if version is None:
-            raise RequestError("the policy serves no version of this run yet (it has not been synced)",
-                               code="policy_not_ready", status=503)
-        self.recorder.record(plan, samples[0], version)  # an untracked call is only counted
+        with self.recorder.turn(plan):  # one call at a time per episode, planned on its current state
+            try:
+                samples, version = self.policy.sample(plan.prompt_ids, request)
+            except Exception as exc:  # noqa: BLE001 - the client gets why, as an OpenAI-style 503
+                raise RequestError(f"the policy could not answer: {type(exc).__name__}: {exc}",
+                                   code="policy_unavailable", status=503) from exc
+            if version is None:
+                raise RequestError("the policy serves no version of this run yet (it has not been synced)",
+                                   code="policy_not_ready", status=503)
+            self.recorder.record(plan, samples[0], version)  # an untracked call is only counted
         return samples, version
 
     def _check_model(self, body: dict) -> None:
