@@ -5,6 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 LOCK := requirements/cpu.lock
 STAMP := $(VENV)/.installed
+# Outside environments (Atropos) run in a virtual environment of their own: their pins clash with the lock's.
+ENVS_VENV := .venv-envs
+ENVS_LOCK := requirements/envs.lock
+ENVS_STAMP := $(ENVS_VENV)/.installed
 CACHE := $(CURDIR)/.cache
 TINY_MODEL := $(CACHE)/models/tiny
 TINY_CODE_MODEL := $(CACHE)/models/tiny-code
@@ -31,7 +35,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Material for MkDocs prints a banner about its successor on every build
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs docs-check run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
+.PHONY: docs docs-check envs run-atropos run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -42,6 +46,14 @@ $(STAMP): $(LOCK) pyproject.toml
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+$(ENVS_STAMP): $(ENVS_LOCK)
+	@echo "==> creating $(ENVS_VENV) from $(ENVS_LOCK) (atroposlib; first use: about 2 minutes)"
+	@test -x $(ENVS_VENV)/bin/python || $(PYTHON) -m venv $(ENVS_VENV)
+	$(ENVS_VENV)/bin/pip install --quiet --no-deps -r $(ENVS_LOCK)
+	@touch $(ENVS_STAMP)
+
+envs: $(ENVS_STAMP)
 
 # Rebuilt when its recipe or the task data change.
 $(TINY_MODEL)/config.json: grpo_core/model/tiny.py data/arith/train.jsonl | $(STAMP)
@@ -92,6 +104,11 @@ run-tools: $(STAMP) $(TINY_TOOLS_MODEL)/config.json
 run-rm: $(STAMP) $(TINY_MODEL)/config.json $(TINY_RM_MODEL)/config.json
 	$(BIN)/grpo train --config configs/tiny-rm.yaml --set run_name=tiny-rm-$$(date +%Y%m%d-%H%M%S)
 
+# The run as an Atropos trainer: atroposlib's run-api and an Atropos environment (examples/atropos/arith_env.py, a
+# BaseEnv in .venv-envs) sample through the run's policy endpoint; the run trains on the groups it pulls from /batch.
+run-atropos: $(STAMP) $(ENVS_STAMP) $(TINY_MODEL)/config.json
+	$(BIN)/grpo train --config configs/tiny-atropos.yaml --set run_name=tiny-atropos-$$(date +%Y%m%d-%H%M%S)
+
 # GRPO on the real model: SmolLM2-135M-Instruct learns two-digit + one-digit addition in its own chat template.
 run-smollm2: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json
 	$(BIN)/grpo train --config configs/smollm2-arith.yaml --set run_name=smollm2-arith-$$(date +%Y%m%d-%H%M%S)
@@ -109,7 +126,7 @@ test-quick: $(STAMP)
 
 # The long end-to-end checks (external servers, kill-and-resume, async overlap): minutes each, on the same workers.
 # CI runs them after `make test`.
-test-e2e: $(STAMP)
+test-e2e: $(STAMP) $(ENVS_STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m e2e $(PYTEST_ARGS)
 
 # Several hosts for real (as root): network namespaces on a bridge of their own, a Ray cluster across them with the

@@ -19,6 +19,7 @@ from grpo_core.config_sections import (  # the sections, re-exported: import the
     DEFAULT_EVAL_SET,
     VLLM_LORA_RANKS,
     AlgoConfig,
+    AtroposConfig,
     ChatTurn,
     CheckpointConfig,
     ClusterConfig,
@@ -86,6 +87,9 @@ class GRPOConfig(_Section):
     endpoint: EndpointConfig | None = Field(
         default=None, description="an OpenAI-compatible endpoint serving the policy to outside environments and "
                                   "agents; their recorded episodes are trained on (None: no endpoint)")
+    atropos: AtroposConfig | None = Field(
+        default=None, description="the run as an Atropos trainer: every group comes from an Atropos API server's "
+                                  "/batch, sampled by its environments through the endpoint (None: our samplers)")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="held-out evaluation during the run")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="the reward components, their weights "
                                                                            "and the scorer")
@@ -258,6 +262,12 @@ class GRPOConfig(_Section):
             raise ValueError("endpoint is set: episodes recorded through it are trained on as inbox groups, sampled "
                              "while the learner goes on, which a synchronous run refuses as stale; set "
                              "rollout.max_staleness >= 1 (cluster.placement split or external)")
+        if self.atropos is not None and self.endpoint is None:
+            raise ValueError("atropos is set: its environments sample through the policy endpoint; set endpoint: {} "
+                             "(its defaults serve 127.0.0.1)")
+        if self.atropos is not None and self.algo.filter_groups:
+            raise ValueError("atropos is set with algo.filter_groups: dynamic sampling resamples prompts the run "
+                             "does not choose here (an Atropos environment filters its own groups); turn it off")
         if self.data.eval_path and self.eval.datasets:
             raise ValueError(f"data.eval_path ({self.data.eval_path}) and eval.datasets are both set: list the "
                              f"file as one of eval.datasets (e.g. {DEFAULT_EVAL_SET}: {{path: ...}}) instead")
@@ -296,7 +306,8 @@ RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "logging", "cluster
                       "cluster.servers", "cluster.server_timeout_s", "cluster.server_retries", "reward.num_workers",
                       "reward.dedupe", "weights.check_samples", "weights.check_every", "weights.check_tolerance",
                       "endpoint.host", "endpoint.port", "endpoint.token_env", "endpoint.wait_s",
-                      "endpoint.max_open_episodes")
+                      "endpoint.max_open_episodes", "atropos.api_url", "atropos.api_command", "atropos.api_port",
+                      "atropos.envs", "atropos.env_restarts", "atropos.wait_s", "atropos.api_timeout_s")
 
 
 # The cap of pi_old / pi_sampler in TIS (Yao et al.), sequence TIS and AReaL's decoupled objective.

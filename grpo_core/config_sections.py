@@ -181,6 +181,30 @@ class EndpointConfig(_Section):
     max_open_episodes: int = Field(default=4096, ge=1, description="episodes in progress at once")
 
 
+class AtroposConfig(_Section):
+    """The run as an Atropos trainer (grpo_core/atropos/): atroposlib's API server (started by the run, or joined)
+    and the environments' processes sample through the policy endpoint and send scored groups; every group the run
+    trains on is pulled from the API's ``/batch``. Commands may use {api_url}, {api_port}, {endpoint_url},
+    {model_path}, {group_size}, {run_dir} (the run folder, local runs) and {log_dir}; the endpoint's token reaches
+    them as $OPENAI_API_KEY, never on a command line."""
+
+    api_url: str | None = Field(default=None, description="an Atropos API server to join (None: the run starts "
+                                                          "api_command and stops it at the end)")
+    api_command: list[str] = Field(
+        default_factory=lambda: [".venv-envs/bin/run-api", "--host", "127.0.0.1", "--port", "{api_port}"],
+        description="how the run starts atroposlib's API server (`make envs` builds .venv-envs)")
+    api_port: int = Field(default=0, ge=0, le=65535, description="the started API server's port (0: a free one)")
+    envs: list[list[str]] = Field(default_factory=list, description="commands of environment processes the run "
+                                                                     "starts, and starts again when one exits")
+    env_restarts: int = Field(default=3, ge=0, description="times each environment is started again after it "
+                                                           "exits, before the run fails")
+    wait_s: float = Field(default=600.0, gt=0.0, description="how long an iteration waits for its groups "
+                                                              "before the run fails with the queue's and the "
+                                                              "environments' state")
+    api_timeout_s: float = Field(default=60.0, gt=0.0, description="how long the API server may be unreachable "
+                                                                   "(restarting) before the run fails")
+
+
 class EnvConfig(_Section):
     """Multi-turn rollouts: each sample is an episode of an environment (grpo_core/envs/). ``rollout.max_new_tokens``
     is then the budget of the whole episode after the prompt, the environment's tokens included."""

@@ -16,9 +16,10 @@ import torch
 from grpo_core.checkpoint import CheckpointWriter
 from grpo_core.config import GRPOConfig
 from grpo_core.logs import redirect_process_output
+from grpo_core.netaddr import free_port
 from grpo_core.precision import resolve_dtype
 from grpo_core.results import ActorInfo, TrainStep, Versions
-from grpo_core.roles.learner import LearnerRole, free_port
+from grpo_core.roles.learner import LearnerRole
 from grpo_core.roles.sampler import SamplerRole
 from grpo_core.roles.threads import pin_torch_threads
 from grpo_core.storage import RunStore

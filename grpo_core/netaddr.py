@@ -30,3 +30,11 @@ def listening_socket(address: str, port: int = 0) -> socket.socket:
     sock.bind((address, port))
     sock.listen(128)
     return sock
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (another process may take it before it is bound: prefer binding port 0
+    where the server allows it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -12,7 +12,6 @@ The server log goes to ``<workdir>/weed.log``; a failed start raises with its ta
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import secrets
@@ -28,6 +27,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from grpo_core.child_process import die_with_parent as _set_death_signal
 
 HOST = "127.0.0.1"
 # weed mini's plugin worker dials the admin gRPC port at admin.port + 10000 whatever
@@ -116,14 +117,6 @@ def read_identities(path: Path) -> tuple[str, str] | None:
         raise S3ServerError(f"{path}: not a SeaweedFS identities file: {exc!r}") from exc
 
 
-def _set_parent_death_signal() -> None:
-    """Runs in the child before exec: SIGTERM it if the parent dies (Linux only)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _log_tail(path: Path, lines: int = 40) -> str:
@@ -333,7 +326,7 @@ def start_s3_server(
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_set_parent_death_signal if die_with_parent else None,
+                preexec_fn=_set_death_signal if die_with_parent else None,
                 start_new_session=not die_with_parent,
                 # glog writes weed.INFO etc. to TMPDIR: keep them beside weed.log.
                 env={**os.environ, "TMPDIR": str(workdir)},

@@ -12,6 +12,7 @@ from typing import Any
 
 from prefect.utilities.annotations import quote
 
+from grpo_core.atropos.source import AtroposSource
 from grpo_core.checkpoint import PendingCheckpoint
 from grpo_core.cluster.engines import Engines
 from grpo_core.cluster.reward_models import RewardModels
@@ -37,6 +38,7 @@ class RunContext:
     reward_models: RewardModels | None = None                # the actors of reward.models (the scorer asks them)
     pending_checkpoint: PendingCheckpoint | None = None
     endpoint: EndpointServer | None = None  # the policy endpoint (endpoint in the config), once the engines are up
+    atropos: AtroposSource | None = None    # the Atropos API server and environments (atropos in the config)
     started_at: float = field(default_factory=time.time)  # the flow run's start: stage timestamps count from it
 
     def clock(self) -> float:

@@ -27,7 +27,8 @@ def take_inbox(ctx: RunContext, iteration: int) -> InboxResult:
     inbox.consume(store, [name for name in inbox.ready_items(store) if name in taken_before])
     oldest, newest = cfg.window.versions_for(iteration)
     taken = inbox.take(store, iteration=iteration, group_size=cfg.rollout.samples_per_prompt,
-                       batch_groups=cfg.rollout.prompts_per_iteration, oldest_version=oldest, newest_version=newest)
+                       batch_groups=cfg.rollout.prompts_per_iteration, oldest_version=oldest, newest_version=newest,
+                       own_groups=0 if cfg.atropos is not None else 1)
     for error in taken.rejected:
         print(f"inbox: refused {error['file']} (row {error['row']}, field {error['field']}): {error['error']}; "
               f"kept in {store.url(inbox.REJECTED)}")
@@ -38,7 +39,9 @@ def take_inbox(ctx: RunContext, iteration: int) -> InboxResult:
                          rejected=len(taken.rejected), version_min=min(versions), version_sum=sum(versions))
     store.put_table(iteration, INBOX_FILE, taken.table, meta=result.meta())
     inbox.consume(store, taken.items)  # after the iteration's copy is committed
-    print(f"inbox: iteration {iteration} takes {taken.groups} group(s) from {', '.join(taken.items)}")
+    names = ", ".join(taken.items) if len(taken.items) <= 3 else \
+        f"{taken.items[0]} .. {taken.items[-1]} ({len(taken.items)} items)"
+    print(f"inbox: iteration {iteration} takes {taken.groups} group(s) from {names}")
     return result
 
 

@@ -56,6 +56,21 @@ class RolloutResult:
 
 
 @dataclass(frozen=True)
+class PullResult:
+    """What an iteration pulled from Atropos (``pull_atropos``) into the inbox before taking it."""
+    reused: bool = False  # the iteration had taken its groups already (a resume): nothing pulled
+    groups: int = 0
+    refused: int = 0      # groups refused (kept in inbox/rejected with the reason)
+    wait_s: float = 0.0   # seconds from the first pull to the last group
+    env_restarts: int = 0
+    api_restarts: int = 0
+
+    def columns(self) -> dict[str, Any]:
+        return {"atropos_groups": self.groups, "atropos_refused": self.refused, "atropos_wait_s": self.wait_s,
+                "atropos_env_restarts": self.env_restarts, "atropos_api_restarts": self.api_restarts}
+
+
+@dataclass(frozen=True)
 class InboxResult:
     """What an iteration took from the inbox (``take_inbox``): nothing, unless groups > 0."""
     reused: bool = False  # the iteration's inbox.parquet was there already (a resume)
@@ -180,7 +195,7 @@ def sync_gap_columns(gap: LogprobGap | None) -> dict[str, float | None]:
 def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, evaluation: EvalResult | None,
                   rollouts: list[RolloutResult], scored: ScoreResult, inbox: InboxResult,
                   staleness: tuple[float, float], train: TrainResult, sync: SyncResult,
-                  times: IterationTimes) -> dict[str, Any]:
+                  times: IterationTimes, pulled: PullResult | None = None) -> dict[str, Any]:
     """The metrics.parquet row of one iteration (the checkpoint columns are added when one is taken)."""
     first = rollouts[0]
     row: dict[str, Any] = {
@@ -191,6 +206,7 @@ def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, e
         "policy_version": first.policy_version,
         "staleness_mean": staleness[0], "staleness_max": staleness[1],
         "inbox_groups": inbox.groups, "inbox_rejected": inbox.rejected,
+        **(pulled.columns() if pulled is not None else {}),
         "reward_mean": scored.reward_mean, "accuracy_mean": scored.metric("reward_accuracy_mean"),
         **scored.component_means(),
         "distinct_frac": scored.metric("distinct_frac"),

@@ -10,11 +10,12 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NONE
 
-from grpo_core.data.schemas import RESPONSE_MASK
+from grpo_core.data.schemas import RESPONSE_MASK, ROLLOUT_SCHEMA
 from grpo_core.envs.episode import ENV_ERROR, ENV_TIMEOUT, TRUNCATED_ENDS
 
 from tasks.context import RunContext
-from tasks.inbox import inbox_groups
+from grpo_core.results import Sampled
+from tasks.inbox import INBOX_FILE, inbox_groups
 from tasks.results import RolloutResult
 
 
@@ -47,22 +48,29 @@ def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> RolloutResult:
     done = ctx.store.entry(iteration, name)
     if done is not None and done.meta.get("policy_version") == version:
         return RolloutResult.from_meta(name, done.rows, True, done.meta)
-    serving = ctx.engines.samplers.versions()
-    if any(v != version for v in serving):
-        raise RuntimeError(
-            f"iteration {iteration}'s rollout must be sampled with policy version {version} "
-            f"(rollout.max_staleness={cfg.rollout.max_staleness}), but the samplers serve {serving} and "
-            f"{ctx.store.url(f'iter-{iteration:06d}/{name}')} holds no complete rollout of that version")
     prompts = ctx.train_prompts.batch(iteration, round_)
     if round_ == 0:  # groups taken from the inbox replace the iteration's last prompts
         prompts = prompts[: len(prompts) - inbox_groups(ctx, iteration)]
-    table, sampled = ctx.engines.samplers.rollout(iteration, prompts, group_offset=round_ * len(prompts))
-    lengths = policy_lengths(table)
+    if prompts:
+        serving = ctx.engines.samplers.versions()
+        if any(v != version for v in serving):
+            raise RuntimeError(
+                f"iteration {iteration}'s rollout must be sampled with policy version {version} "
+                f"(rollout.max_staleness={cfg.rollout.max_staleness}), but the samplers serve {serving} and "
+                f"{ctx.store.url(f'iter-{iteration:06d}/{name}')} holds no complete rollout of that version")
+        table, sampled = ctx.engines.samplers.rollout(iteration, prompts, group_offset=round_ * len(prompts))
+        measured = table
+    else:  # the whole batch came through the inbox (an Atropos trainer): nothing to sample, its rows measured
+        table = ROLLOUT_SCHEMA.empty_table()
+        measured = ctx.store.get_table(iteration, INBOX_FILE)
+        sampled = Sampled(seconds=0.0, policy_version=version, samplers_used=0, samplers_lost=0,
+                          samplers_live=len(ctx.engines.samplers.live_ids()))
+    lengths = policy_lengths(measured)
     result = RolloutResult(
         name=name, rows=table.num_rows, reused=False, seconds=sampled.seconds, policy_version=sampled.policy_version,
         tokens=int(sum(lengths)), response_length_mean=sum(lengths) / len(lengths),
-        response_length_max=max(lengths), truncated_frac=sum(table.column("truncated").to_pylist()) / len(lengths),
+        response_length_max=max(lengths), truncated_frac=sum(measured.column("truncated").to_pylist()) / len(lengths),
         samplers_used=sampled.samplers_used, samplers_lost=sampled.samplers_lost, samplers_live=sampled.samplers_live,
-        **episode_stats(table), **(ctx.train_prompts.pool.metrics(iteration) if ctx.train_prompts.pool else {}))
+        **episode_stats(measured), **(ctx.train_prompts.pool.metrics(iteration) if ctx.train_prompts.pool else {}))
     ctx.store.put_table(iteration, name, table, meta=result.meta())
     return result

@@ -42,14 +42,21 @@ def score(ctx: RunContext, iteration: int, rollout_name: str) -> ScoreResult:
         return ScoreResult(out_name, done.rows, True, done.meta["metrics"], success)
     started = time.perf_counter()
     table = ctx.store.get_table(iteration, rollout_name)
-    results, metrics = score_table(table, ctx.scorer)
-    scored, adv_metrics = add_advantages(with_rewards(table, results), ctx.cfg)
-    metrics.update(adv_metrics)
+    parts, metrics = [], {}
+    if table.num_rows:
+        results, metrics = score_table(table, ctx.scorer)
+        scored, adv_metrics = add_advantages(with_rewards(table, results), ctx.cfg)
+        metrics.update(adv_metrics)
+        parts.append(scored)
     outside = ctx.store.entry(iteration, INBOX_FILE)
     if outside is not None and rollout_name == "rollouts.parquet":  # inbox groups join the batch, scored already
-        taken, _ = add_advantages(ctx.store.get_table(iteration, INBOX_FILE), ctx.cfg)
-        scored = pa.concat_tables([scored, taken], promote_options="default")
+        taken, adv_metrics = add_advantages(ctx.store.get_table(iteration, INBOX_FILE), ctx.cfg)
+        parts.append(taken)
         metrics["inbox_groups"] = float(outside.meta["groups"])
+        if not table.num_rows:  # the whole batch is the inbox's (an Atropos trainer): its rewards are the metrics
+            rewards = [r for r in taken.column("reward").to_pylist() if r is not None]
+            metrics.update(adv_metrics, reward_mean=sum(rewards) / len(rewards) if rewards else float("nan"))
+    scored = pa.concat_tables(parts, promote_options="default")
     metrics["score_seconds"] = time.perf_counter() - started
     entry = ctx.store.put_table(iteration, out_name, scored,
                                 meta={"source_sha256": source.sha256 if source else None, "metrics": metrics})

@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from grpo_core.endpoint.ledger import SampledLedger
 from grpo_core.endpoint.recorder import EpisodeRecorder, FinishedEpisode, RequestError, TurnPlan
 from grpo_core.endpoint.sampling import SamplingRequest
 from grpo_core.rollout.sampler import Sample
@@ -111,8 +112,9 @@ class PolicyEndpoint:
     """The routes' logic, independent of the HTTP framework (``app()`` wraps it in FastAPI)."""
 
     def __init__(self, policy: Policy, recorder: EpisodeRecorder, settings: EndpointSettings,
-                 sink: EpisodeSink | None = None):
+                 sink: EpisodeSink | None = None, ledger: SampledLedger | None = None):
         self.policy, self.recorder, self.settings = policy, recorder, settings
+        self.ledger = ledger if ledger is not None else SampledLedger()  # every answer, for groups sent back
         self.gate = PolicyGate()
         self.sink = sink
         self.finished: list[FinishedEpisode] = []  # kept here when there is no sink
@@ -159,6 +161,8 @@ class PolicyEndpoint:
                 raise RequestError("the policy serves no version of this run yet (it has not been synced)",
                                    code="policy_not_ready", status=503)
             self.recorder.record(plan, samples[0], version)  # an untracked call is only counted
+            for s in samples:
+                self.ledger.record(plan.prompt_ids, s.token_ids, s.logprobs, s.finish_reason, version)
         return samples, version
 
     def _check_model(self, body: dict) -> None:

@@ -13,7 +13,8 @@ A producer writes, into the run folder:
 Names must be unique within a run (a name taken by a recent iteration is treated as a leftover of a crash).
 
 Before collecting iteration k's batch the flow takes complete items, oldest name first, as long as they fit in
-the batch (at most prompts_per_iteration - 1 groups: at least one group is always sampled by our samplers) and are
+the batch (at most prompts_per_iteration - 1 groups: at least one group is sampled by our samplers, unless the run
+is an Atropos trainer, whose whole batch comes through the inbox) and are
 fresh enough: every row's policy_version v must satisfy learner_version_before(k) - v <= s x optimizer steps per
 iteration, and v can be no newer than the learner. The taken groups go into ``iter-k/inbox.parquet`` and replace
 the same number of prompts of the iteration; the items are then deleted. A bad item (missing or mistyped column,
@@ -143,13 +144,14 @@ def reject(store: RunStore, name: str, error: dict[str, Any]) -> None:
 
 
 def take(store: RunStore, *, iteration: int, group_size: int, batch_groups: int, oldest_version: int,
-         newest_version: int) -> Taken:
-    """Read, check and take complete items that fit in ``batch_groups - 1`` groups and whose rows were sampled
+         newest_version: int, own_groups: int = 1) -> Taken:
+    """Read, check and take complete items that fit in ``batch_groups - own_groups`` groups (``own_groups`` left to
+    our samplers: at least one, or none when the run is an Atropos trainer) and whose rows were sampled
     with a policy version in [oldest_version, newest_version]; reject bad and stale ones. Items that do not fit
     wait. The k taken groups become the last k groups of the iteration (group ids batch_groups - k ..), with
     ``iteration`` set and prompt_id and sampler_id -1."""
     taken = Taken()
-    max_groups = batch_groups - 1
+    max_groups = batch_groups - own_groups
     tables = []
     room = max_groups
     for name in ready_items(store):

@@ -21,6 +21,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_core.child_process import die_with_parent
+
 ACCURACY = "accuracy"
 
 
@@ -124,22 +126,10 @@ def _raise_timeout(signum: int, frame: Any) -> None:
     raise ComponentTimeout()
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to kill this worker if the parent dies (best effort; the pipe's EOF also stops an idle worker)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
 def worker_main(connection: Any, spec: WorkerSpec) -> None:
     """Entry point of a worker process: set up, say ready, then score rows until told to stop or the pipe closes."""
     os.setsid()  # own process group: the parent can kill the worker together with any sandbox it started
-    _die_with_parent()
+    die_with_parent(signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us through the pipe
     signal.signal(signal.SIGALRM, _raise_timeout)
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns that we disabled its timeouts: we did

@@ -8,7 +8,6 @@ transport); learner methods read their inputs from the run folder and write thei
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import time
 from typing import Any
@@ -42,12 +41,6 @@ def _tokenizer_snapshot(model_path: str) -> Snapshot:
             with open(src, "rb") as fh:
                 snap.add_bytes(name, fh.read())
     return snap
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def open_rendezvous(host: str, world_size: int) -> "torch.distributed.TCPStore":
