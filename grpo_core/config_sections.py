@@ -204,6 +204,14 @@ class AtroposConfig(_Section):
     api_timeout_s: float = Field(default=60.0, gt=0.0, description="how long the API server may be unreachable "
                                                                    "(restarting) before the run fails")
 
+    @model_validator(mode="after")
+    def _reachable(self) -> "AtroposConfig":
+        if self.api_url is None and not self.envs and self.api_port == 0:
+            raise ValueError("atropos starts an API server on a free port with no environment of its own: nothing "
+                             "could send it groups; list atropos.envs, give a fixed atropos.api_port for the "
+                             "environments you start, or join a running server with atropos.api_url")
+        return self
+
 
 class EnvConfig(_Section):
     """Multi-turn rollouts: each sample is an episode of an environment (grpo_core/envs/). ``rollout.max_new_tokens``

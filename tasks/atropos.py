@@ -40,6 +40,16 @@ def _log_dir(store: RunStore) -> Path:
     return Path(local) if local is not None else Path(tempfile.mkdtemp(prefix="grpo-atropos-"))
 
 
+def _filled(command: list[str], values: dict[str, str]) -> list[str]:
+    """The command with the known ``{name}`` placeholders filled; other braces are left as they are."""
+    out = []
+    for arg in command:
+        for name, value in values.items():
+            arg = arg.replace("{" + name + "}", value)
+        out.append(arg)
+    return out
+
+
 def open_atropos(ctx: RunContext, first_iteration: int) -> AtroposSource:
     from transformers import AutoConfig, AutoTokenizer
 
@@ -52,9 +62,8 @@ def open_atropos(ctx: RunContext, first_iteration: int) -> AtroposSource:
               "model_path": cfg.model.path, "group_size": str(cfg.rollout.samples_per_prompt),
               "run_dir": os.path.dirname(store.local_path(ATROPOS_FILE) or ""), "log_dir": str(logs)}
     secret = {"OPENAI_API_KEY": endpoint.endpoint.settings.token or "none"}
-    api = None if a.api_url else ChildProcess("atropos-api", [arg.format(**values) for arg in a.api_command],
-                                             logs / "api.log")
-    envs = [ChildProcess(f"env{i}", [arg.format(**values) for arg in command], logs / f"env{i}.log", env=secret)
+    api = None if a.api_url else ChildProcess("atropos-api", _filled(a.api_command, values), logs / "api.log")
+    envs = [ChildProcess(f"env{i}", _filled(command, values), logs / f"env{i}.log", env=secret)
             for i, command in enumerate(a.envs)]
     groups = cfg.rollout.samples_per_prompt
     registration = Registration(

@@ -123,6 +123,21 @@ def test_async_needs_split_turns_a_correction_on_and_shifts_the_sampling_version
     assert build_config(_tree()).sampling_version(3) == build_config(_tree()).policy_version_before(3)
 
 
+def test_an_atropos_trainer_needs_the_endpoint_no_dynamic_sampling_and_somewhere_for_groups_to_come_from():
+    asynch = dict(rollout={"max_staleness": 1}, cluster={"placement": "split"})
+    envs = {"envs": [["python", "env.py", "--api", "{api_url}"]]}
+    with pytest.raises(ConfigError, match=r"atropos is set: its environments sample through the policy endpoint"):
+        build_config(_tree(**asynch, atropos=envs))
+    with pytest.raises(ConfigError, match=r"atropos is set with algo.filter_groups"):
+        build_config(_tree(**asynch, endpoint={}, atropos=envs, algo={"preset": "dapo"},
+                           reward={"rewards": ["accuracy"]}))
+    with pytest.raises(ConfigError, match=r"atropos\b.*nothing could send it groups"):
+        build_config(_tree(**asynch, endpoint={}, atropos={}))
+    joined = build_config(_tree(**asynch, endpoint={}, atropos={"api_url": "http://127.0.0.1:8000"})).atropos
+    assert joined.envs == [] and joined.api_command[0] == ".venv-envs/bin/run-api"
+    assert build_config(_tree(**asynch, endpoint={}, atropos={"api_port": 8000})).atropos.api_port == 8000
+
+
 def test_offpolicy_kind_resolves_its_cap_and_checks_its_band():
     assert build_config(_tree(algo={"tis_cap": 1.5})).resolved_algo.offpolicy == "tis"  # a cap alone turns TIS on
     seq = build_config(_tree(algo={"offpolicy": "seq_tis"}))

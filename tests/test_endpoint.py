@@ -136,6 +136,17 @@ def _post(server, path: str, body, token: str | None = TOKEN, raw: bool = False)
     ("/episodes/nobody/finish", {"reward": 1.0}, 404, "episode_id", "unknown_episode"),
     ("/nowhere", {}, 404, None, "not_found"),
     ("/generate", {"prompt": "text"}, 400, "prompt", "invalid_request"),
+    # garbage on every route
+    ("/completions", b"\xff\xfe{", 400, None, "invalid_json"),
+    ("/completions", {"prompt": [1, -3]}, 400, "prompt", "invalid_request"),
+    ("/generate", b"{", 400, None, "invalid_json"),
+    ("/generate", "a string", 400, None, "invalid_request"),
+    ("/generate", {"prompt": {"prompt_token_ids": [1, 10**9]}}, 400, "prompt", "invalid_request"),
+    ("/generate", {"prompt": {"prompt_token_ids": [1]}, "n": "many"}, 400, "n", "invalid_request"),
+    ("/generate", {"prompt": {"prompt_token_ids": [1]}, "max_tokens": -1}, 400, "max_tokens", "invalid_request"),
+    ("/episodes/nobody/finish", b"[", 400, None, "invalid_json"),
+    ("/episodes/nobody/finish", {"reward": "NaN"}, 400, "reward", "invalid_request"),
+    ("/episodes/nobody/finish", {"reward": 1.0, "group": 7}, 400, "group", "invalid_request"),
 ])
 def test_bad_requests_get_openai_style_errors(served, path, body, status, param, code):
     server = served[0]

@@ -22,6 +22,9 @@ from typing import Any
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 
 SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
+# A worked example before the question (``--env.worked_example True``), as configs/smollm2-arith.yaml gives SmolLM2
+WORKED_EXAMPLE = [{"role": "user", "content": "What is 52 + 7?"},
+                  {"role": "assistant", "content": "52 + 7 = 59. The answer is \\boxed{59}."}]
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
@@ -30,6 +33,7 @@ class ArithEnvConfig(BaseEnvConfig):
     seed: int = 0
     max_tokens: int = 16
     temperature: float = 1.0
+    worked_example: bool = False
 
 
 def reward(answer: str, expected: str) -> float:
@@ -66,7 +70,9 @@ class ArithEnv(BaseEnv):
         return {"question": user["content"], "answer": str(row["gt_answer"])}
 
     async def collect_trajectories(self, item: dict[str, Any]) -> tuple[ScoredDataGroup | None, list]:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": item["question"]}]
+        messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                    *(WORKED_EXAMPLE if self.config.worked_example else []),
+                    {"role": "user", "content": item["question"]}]
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             completion = await managed.chat_completion(messages=messages, n=self.config.group_size,
                                                        max_tokens=self.config.max_tokens,

@@ -62,13 +62,17 @@ class AtroposSource:
     def start(self) -> "AtroposSource":
         """API server up (started when ours), registered, its first /batch asked (environments may only register
         after it), then the environments started."""
-        if self.api is not None:
-            self.api.start()
-        self._wait_for_api()
-        self.client.register(self.registration)
-        self.client.batch()
-        for env in self.envs:
-            env.start()
+        try:
+            if self.api is not None:
+                self.api.start()
+            self._wait_for_api()
+            self.client.register(self.registration)
+            self.client.batch()
+            for env in self.envs:
+                env.start()
+        except BaseException:
+            self.close()  # nothing started is left behind
+            raise
         return self
 
     def _wait_for_api(self) -> None:

@@ -22,7 +22,7 @@ class SampledSpan:
     """One answer the endpoint gave: where it starts in its sequence, what sampled it and its logprobs."""
     prompt_len: int
     version: int
-    logprobs: tuple[float, ...]
+    logprobs: array  # float32, as the rollout rows keep them
     finish_reason: str
 
 
@@ -31,14 +31,17 @@ def _key(ids: list[int]) -> bytes:
 
 
 class SampledLedger:
-    def __init__(self, max_entries: int = 200_000):
+    """``max_entries`` answers: an Atropos trainer needs the few iterations' worth that its staleness bound admits
+    (groups x G per iteration); 50,000 answers of 64 tokens hold about 15 MB."""
+
+    def __init__(self, max_entries: int = 50_000):
         self.max_entries = max_entries
         self._spans: OrderedDict[bytes, SampledSpan] = OrderedDict()
         self._lock = threading.Lock()
 
     def record(self, prompt_ids: list[int], token_ids: list[int], logprobs: list[float], finish_reason: str,
                version: int) -> None:
-        span = SampledSpan(len(prompt_ids), version, tuple(logprobs), finish_reason)
+        span = SampledSpan(len(prompt_ids), version, array("f", logprobs), finish_reason)
         key = _key(list(prompt_ids) + list(token_ids))
         with self._lock:
             self._spans[key] = span
