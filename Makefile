@@ -35,7 +35,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Material for MkDocs prints a banner about its successor on every build
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs docs-check envs run-atropos run-smollm2-atropos run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
+.PHONY: docs docs-check envs run-atropos run-openenv run-smollm2-atropos run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -108,6 +108,11 @@ run-rm: $(STAMP) $(TINY_MODEL)/config.json $(TINY_RM_MODEL)/config.json
 # BaseEnv in .venv-envs) sample through the run's policy endpoint; the run trains on the groups it pulls from /batch.
 run-atropos: $(STAMP) $(ENVS_STAMP) $(TINY_MODEL)/config.json
 	$(BIN)/grpo train --config configs/tiny-atropos.yaml --set run_name=tiny-atropos-$$(date +%Y%m%d-%H%M%S)
+
+# An OpenEnv environment drives the run: grpo_outside/openenv_driver.py (in .venv-envs), a client of the run's policy
+# endpoint, plays examples/openenv/arith_env.py's episodes (openenv-core's Environment and Rubric).
+run-openenv: $(STAMP) $(ENVS_STAMP) $(TINY_MODEL)/config.json
+	$(BIN)/grpo train --config configs/tiny-openenv.yaml --set run_name=tiny-openenv-$$(date +%Y%m%d-%H%M%S)
 
 # The same on the real model, a short run (SmolLM2-135M-Instruct, 12 iterations).
 run-smollm2-atropos: $(STAMP) $(ENVS_STAMP) $(SMOLLM2_MODEL)/grpo_build.json

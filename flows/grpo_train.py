@@ -39,12 +39,12 @@ from grpo_core.storage import RunStore
 from tasks.checkpoint import begin_checkpoint, commit_checkpoint, restore, save_final
 from tasks.console import RunConsole
 from tasks.context import Opaque, RunContext
-from tasks.atropos import close_atropos, open_atropos, pull_atropos
 from tasks.endpoint import close_endpoint, open_endpoint, paused
 from tasks.evaluate import evaluate
 from tasks.inbox import take_inbox
 from tasks.io_retry import io_retry_options
-from tasks.results import (EvalResult, InboxResult, IterationTimes, PullResult, RolloutResult, ScoreResult,
+from tasks.outside import close_outside, fill_inbox, open_outside
+from tasks.results import (EvalResult, FillResult, InboxResult, IterationTimes, RolloutResult, ScoreResult,
                            iteration_row)
 from tasks.rollout import rollout
 from tasks.run_log import run_logging
@@ -71,7 +71,7 @@ class _Stages:
         self.prepare_run, self.resolve_inputs = stage(prepare_run), stage(resolve_inputs)
         self.take_inbox, self.rollout, self.score, self.assemble = \
             stage(take_inbox), stage(rollout), stage(score), stage(assemble)
-        self.pull_atropos = stage(pull_atropos)
+        self.fill_inbox = stage(fill_inbox)
         self.train, self.sync, self.evaluate = stage(train), stage(sync), stage(evaluate)
         self.begin_checkpoint, self.commit_checkpoint = stage(begin_checkpoint), stage(commit_checkpoint)
         self.latest_checkpoint, self.restore, self.save_final = \
@@ -138,7 +138,7 @@ class _Batch:
     wall: float
     stamps: dict[str, float]
     inbox: InboxResult  # what the iteration took from the inbox
-    pulled: PullResult | None = None  # what it pulled from Atropos into the inbox first (atropos in the config)
+    filled: FillResult | None = None  # what its outside source put into the inbox first (atropos, endpoint.clients)
 
 
 def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
@@ -153,7 +153,7 @@ def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
     rollouts, scored = [], []
     batch = DynamicBatch(cfg.rollout.prompts_per_iteration, cfg.algo.max_resample_times, cfg.algo.filter_range) \
         if cfg.algo.filter_groups else None
-    pulled = stages.pull_atropos(ctx, iteration) if ctx.atropos is not None else None
+    filled = stages.fill_inbox(ctx, iteration) if ctx.outside is not None else None
     taken = stages.take_inbox(ctx, iteration) if cfg.window.takes_inbox(cfg.algo.filter_groups) else None
     while not rollouts or (batch is not None and not (batch.full or batch.exhausted)):
         rollouts.append(stages.rollout(ctx, iteration, len(rollouts)))
@@ -171,7 +171,7 @@ def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
         sc = ScoreResult(out.name, out.rows, False, {**scored[0].metrics, **out.metrics,
                                                      "score_seconds": sum(s.seconds for s in scored)})
     inside = sum(r.seconds for r in rollouts if not r.reused) + sc.seconds
-    return _Batch(rollouts, sc, inside, time.perf_counter() - t0, stamps, taken or InboxResult(), pulled)
+    return _Batch(rollouts, sc, inside, time.perf_counter() - t0, stamps, taken or InboxResult(), filled)
 
 
 def _run_start_time():
@@ -254,8 +254,8 @@ def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> RunOutcome:
         raise
     finally:
         if ctx is not None:
-            if ctx.atropos is not None:
-                close_atropos(ctx.atropos)
+            if ctx.outside is not None:
+                close_outside(ctx.outside)
             if ctx.endpoint is not None:
                 close_endpoint(ctx.endpoint)
             ctx.scorer.close()
@@ -318,8 +318,8 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Cons
     start = ref.next_iteration if ref is not None else 0
     if cfg.endpoint is not None:  # the samplers hold the run's weights now
         ctx.endpoint = open_endpoint(ctx)
-    if cfg.atropos is not None:  # its environments sample through the endpoint
-        ctx.atropos = open_atropos(ctx, start)
+    if cfg.endpoint is not None:  # an outside source samples through the endpoint (None: the run samples itself)
+        ctx.outside = open_outside(ctx, start)
     console = RunConsole(cfg.run_name, cfg.iterations, store.read_metrics().to_pylist(),
                          min_interval_s=cfg.logging.console_interval_s)
     try:
@@ -440,7 +440,7 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
                 overhead_s=(t4 - t1) - serial - overlapped - sy.seconds - check_s,
                 stamps=batch.stamps, sync_started_at=sync_started, sync_ended_at=ctx.clock())
             row = iteration_row(it, ctx.status.attempt, samplers, resync is not None, evaluation, batch.rollouts,
-                                batch.scored, taken, staleness, tr, sy, times, batch.pulled)
+                                batch.scored, taken, staleness, tr, sy, times, batch.filled)
             # The checkpoint of iteration `it` is only started here (a copy in memory); it is committed later,
             # after this row is recorded, so a resume from it always finds the rows of the iterations it holds.
             if cfg.is_checkpoint_iteration(it):

@@ -273,6 +273,12 @@ class GRPOConfig(_Section):
                              f"file as one of eval.datasets (e.g. {DEFAULT_EVAL_SET}: {{path: ...}}) instead")
         return self
 
+    @property
+    def outside_groups_only(self) -> bool:
+        """Every group comes from outside (an Atropos API server, or the endpoint's clients): the run samples no
+        prompt of its own."""
+        return self.atropos is not None or (self.endpoint is not None and bool(self.endpoint.clients))
+
     def _check_lora(self) -> None:
         """LoRA trains a small adapter on a frozen base: ZeRO-3 would partition the base (unsupported here). Which
         transports carry adapters is the transport's own check."""
@@ -306,7 +312,8 @@ RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "logging", "cluster
                       "cluster.servers", "cluster.server_timeout_s", "cluster.server_retries", "reward.num_workers",
                       "reward.dedupe", "weights.check_samples", "weights.check_every", "weights.check_tolerance",
                       "endpoint.host", "endpoint.port", "endpoint.token_env", "endpoint.wait_s",
-                      "endpoint.max_open_episodes", "atropos.api_url", "atropos.api_command", "atropos.api_port",
+                      "endpoint.max_open_episodes", "endpoint.clients", "endpoint.client_restarts",
+                      "endpoint.groups_wait_s", "atropos.api_url", "atropos.api_command", "atropos.api_port",
                       "atropos.envs", "atropos.env_restarts", "atropos.wait_s", "atropos.api_timeout_s")
 
 

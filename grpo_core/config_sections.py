@@ -179,6 +179,16 @@ class EndpointConfig(_Section):
     wait_s: float = Field(default=30.0, gt=0.0, description="how long a call waits for a weight update to end "
                                                            "before it is refused (503, Retry-After)")
     max_open_episodes: int = Field(default=4096, ge=1, description="episodes in progress at once")
+    clients: list[list[str]] = Field(
+        default_factory=list, description="commands of programs the run starts once the endpoint serves, and starts "
+                                          "again when one exits (an OpenEnv environment's driver, an agent): with "
+                                          "clients, every group comes from their finished episodes. Placeholders "
+                                          "{endpoint_url}, {model_name}, {model_path}, {group_size}, {run_dir}, "
+                                          "{log_dir}; the token reaches them as $OPENAI_API_KEY")
+    client_restarts: int = Field(default=3, ge=0, description="times each client is started again after it exits, "
+                                                              "before the run fails")
+    groups_wait_s: float = Field(default=600.0, gt=0.0, description="with clients: how long an iteration waits "
+                                                                     "for a new finished group before the run fails")
 
 
 class AtroposConfig(_Section):

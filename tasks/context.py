@@ -12,12 +12,12 @@ from typing import Any
 
 from prefect.utilities.annotations import quote
 
-from grpo_core.atropos.source import AtroposSource
 from grpo_core.checkpoint import PendingCheckpoint
 from grpo_core.cluster.engines import Engines
 from grpo_core.cluster.reward_models import RewardModels
 from grpo_core.config import GRPOConfig
 from grpo_core.endpoint.server import EndpointServer
+from grpo_core.outside_source import OutsideSource
 from grpo_core.pipeline.evaluation import EvalScorers, EvalSet
 from grpo_core.pipeline.prompts import PromptStream
 from grpo_core.rewards.scorer import Scorer
@@ -38,7 +38,7 @@ class RunContext:
     reward_models: RewardModels | None = None                # the actors of reward.models (the scorer asks them)
     pending_checkpoint: PendingCheckpoint | None = None
     endpoint: EndpointServer | None = None  # the policy endpoint (endpoint in the config), once the engines are up
-    atropos: AtroposSource | None = None    # the Atropos API server and environments (atropos in the config)
+    outside: OutsideSource | None = None    # where every group comes from (atropos or endpoint.clients)
     started_at: float = field(default_factory=time.time)  # the flow run's start: stage timestamps count from it
 
     def clock(self) -> float:

@@ -28,7 +28,7 @@ def take_inbox(ctx: RunContext, iteration: int) -> InboxResult:
     oldest, newest = cfg.window.versions_for(iteration)
     taken = inbox.take(store, iteration=iteration, group_size=cfg.rollout.samples_per_prompt,
                        batch_groups=cfg.rollout.prompts_per_iteration, oldest_version=oldest, newest_version=newest,
-                       own_groups=0 if cfg.atropos is not None else 1)
+                       own_groups=0 if cfg.outside_groups_only else 1)
     for error in taken.rejected:
         print(f"inbox: refused {error['file']} (row {error['row']}, field {error['field']}): {error['error']}; "
               f"kept in {store.url(inbox.REJECTED)}")

@@ -35,11 +35,12 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
                            "batch)"),
         ("inbox_groups", "groups taken from the run folder's inbox/ (an outside producer's rollouts)"),
         ("inbox_rejected", "inbox files refused this iteration (moved to inbox/rejected/ with the reason)"),
-        ("atropos_groups", "atropos: groups pulled from the API server's /batch into the inbox for the iteration"),
-        ("atropos_refused", "atropos: pulled groups refused (inbox/rejected/ keeps each with its reason)"),
-        ("atropos_wait_s", "atropos: seconds the iteration waited for its groups"),
-        ("atropos_env_restarts", "atropos: environment processes started again after they exited"),
-        ("atropos_api_restarts", "atropos: times the API server stopped answering and was started again"),
+        ("outside_groups", "atropos or endpoint.clients: groups that came into the inbox for the iteration (pulled "
+                           "from Atropos's /batch, or finished by the endpoint's clients)"),
+        ("outside_refused", "atropos: pulled groups refused (inbox/rejected/ keeps each with its reason)"),
+        ("outside_wait_s", "atropos or endpoint.clients: seconds the iteration waited for its groups"),
+        ("outside_process_restarts", "environment or client processes started again after they exited"),
+        ("outside_server_restarts", "atropos: times the API server stopped answering and was started again"),
     ),
     "Rollout": (
         ("response_length_mean", "mean response length in tokens (first rollout round)"),

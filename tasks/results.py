@@ -56,18 +56,18 @@ class RolloutResult:
 
 
 @dataclass(frozen=True)
-class PullResult:
-    """What an iteration pulled from Atropos (``pull_atropos``) into the inbox before taking it."""
-    reused: bool = False  # the iteration had taken its groups already (a resume): nothing pulled
+class FillResult:
+    """What an outside source put into the inbox for an iteration (``fill_inbox``) before it was taken."""
+    reused: bool = False  # the iteration had taken its groups already (a resume): nothing filled
     groups: int = 0
     refused: int = 0      # groups refused (kept in inbox/rejected with the reason)
-    wait_s: float = 0.0   # seconds from the first pull to the last group
-    env_restarts: int = 0
-    api_restarts: int = 0
+    wait_s: float = 0.0   # seconds the iteration waited for its groups
+    process_restarts: int = 0
+    server_restarts: int = 0
 
     def columns(self) -> dict[str, Any]:
-        return {"atropos_groups": self.groups, "atropos_refused": self.refused, "atropos_wait_s": self.wait_s,
-                "atropos_env_restarts": self.env_restarts, "atropos_api_restarts": self.api_restarts}
+        return {"outside_groups": self.groups, "outside_refused": self.refused, "outside_wait_s": self.wait_s,
+                "outside_process_restarts": self.process_restarts, "outside_server_restarts": self.server_restarts}
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def sync_gap_columns(gap: LogprobGap | None) -> dict[str, float | None]:
 def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, evaluation: EvalResult | None,
                   rollouts: list[RolloutResult], scored: ScoreResult, inbox: InboxResult,
                   staleness: tuple[float, float], train: TrainResult, sync: SyncResult,
-                  times: IterationTimes, pulled: PullResult | None = None) -> dict[str, Any]:
+                  times: IterationTimes, filled: FillResult | None = None) -> dict[str, Any]:
     """The metrics.parquet row of one iteration (the checkpoint columns are added when one is taken)."""
     first = rollouts[0]
     row: dict[str, Any] = {
@@ -206,7 +206,7 @@ def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, e
         "policy_version": first.policy_version,
         "staleness_mean": staleness[0], "staleness_max": staleness[1],
         "inbox_groups": inbox.groups, "inbox_rejected": inbox.rejected,
-        **(pulled.columns() if pulled is not None else {}),
+        **(filled.columns() if filled is not None else {}),
         "reward_mean": scored.reward_mean, "accuracy_mean": scored.metric("reward_accuracy_mean"),
         **scored.component_means(),
         "distinct_frac": scored.metric("distinct_frac"),

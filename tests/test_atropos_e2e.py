@@ -18,11 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from grpo_core.atropos.client import AtroposClient, Registration
-from grpo_core.atropos.groups import MASKED, GroupLimits, GroupRefused
-from grpo_core.atropos.source import AtroposSource, AtroposStarved
+from grpo_core.atropos.groups import MASKED, GroupLimits
+from grpo_core.atropos.source import AtroposSource
 from grpo_core.child_process import ChildProcess
 from grpo_core.endpoint.ledger import SampledLedger
 from grpo_core.netaddr import free_port
+from grpo_core.outside_source import GroupRefused, SourceStarved, Supervisor
 from grpo_core.pipeline.inbox import INBOX, REJECTED
 from grpo_core.storage import RunStore
 from tests.conftest import REPO, tiny_config
@@ -76,9 +77,13 @@ def test_pulls_refuse_bad_groups_and_survive_an_environment_exit_and_an_api_serv
     source = AtroposSource(
         client=AtroposClient(f"http://127.0.0.1:{port}"),
         registration=Registration("test", "grpo", 2, 64, str(tmp_path), -1, 0, 1000),
-        limits=GroupLimits(group_size=2, vocab_size=100), ledger=ledger, decode=str, api=api, envs=[producer],
-        env_restarts=3, wait_s=15.0, api_timeout_s=30.0, poll_s=0.05)
-    accept_all = lambda table: None  # noqa: E731 - no staleness rule here
+        limits=GroupLimits(group_size=2, vocab_size=100), ledger=ledger, decode=str, api=api,
+        envs=Supervisor([producer], restarts=3), wait_s=15.0, api_timeout_s=30.0, poll_s=0.05)
+    sink = _Sink()
+
+    def fill(wanted: int):  # no staleness rule here; the inbox holds what the sink accepted
+        return source.fill(len(sink.tables) + wanted, sink, lambda table: None, lambda: len(sink.tables))
+
     try:
         source.start()
         _drop(groups, "a", _group(ledger, 10))
@@ -87,8 +92,7 @@ def test_pulls_refuse_bad_groups_and_survive_an_environment_exit_and_an_api_serv
         _drop(groups, "b", bad)
         _drop(groups, "c", _group(ledger, 30, record=False))  # never sampled by this run
         _drop(groups, "d", _group(ledger, 40))
-        sink = _Sink()
-        stats = source.pull(2, sink, accept_all)
+        stats = fill(2)
         assert (stats.groups, stats.refused) == (2, 2)
         # (several batches ready at once come newest first: atroposlib's /batch pops its list)
         assert sorted(t.column("prompt_token_ids").to_pylist()[0][-1] for t in sink.tables) == [10, 40]
@@ -100,29 +104,29 @@ def test_pulls_refuse_bad_groups_and_survive_an_environment_exit_and_an_api_serv
         producer.process.kill()
         producer.process.wait()
         _drop(groups, "e", _group(ledger, 50))
-        stats = source.pull(1, sink, accept_all)
-        assert (stats.groups, stats.env_restarts) == (1, 1)
+        stats = fill(1)
+        assert (stats.groups, stats.process_restarts) == (1, 1)
 
         # the API server dies: started again, registered again; the environment, whose post fails, exits and is
         # started again, registers with the new server and sends the rest
         api.process.kill()
         api.process.wait()
         _drop(groups, "f", _group(ledger, 60))
-        stats = source.pull(1, sink, accept_all)
-        assert stats.groups == 1 and stats.api_restarts == 1
+        stats = fill(1)
+        assert stats.groups == 1 and stats.server_restarts == 1
         assert sink.tables[-1].column("prompt_token_ids").to_pylist()[0][-1] == 60
 
         # nothing more comes: the pull fails after wait_s with each environment's state
         source.wait_s = 1.0
-        with pytest.raises(AtroposStarved, match=r"no usable group .* for 1 s .*env0: running"):
-            source.pull(1, sink, accept_all)
+        with pytest.raises(SourceStarved, match=r"no usable group .* for 1 s .*env0: running"):
+            fill(1)
 
         # an environment that keeps exiting fails the run once its restarts are used
         (groups / "crash").write_text("")
         producer.process.kill()
-        with pytest.raises(AtroposStarved, match=r"environment env0 exited \(1\) after 4 starts"):
+        with pytest.raises(SourceStarved, match=r"env0 exited \(1\) after 4 starts"):
             for _ in range(200):
-                source.pull(1, sink, accept_all)
+                fill(1)
                 time.sleep(0.05)
     finally:
         source.close()
@@ -180,9 +184,9 @@ def test_an_atropos_environment_drives_a_run_that_resumes_after_sigkill_training
     # a resumed iteration that had taken its groups trains on the same ones (inbox.parquet) and pulls nothing; the
     # others pull what the groups pulled before the kill, and still waiting in inbox/, do not cover
     redone = [m for m in trained if m["iteration"] in committed_before]
-    assert redone and all(m["atropos_groups"] == 0 for m in redone)
+    assert redone and all(m["outside_groups"] == 0 for m in redone)
     fresh = [m for m in trained if m["iteration"] not in committed_before]
     fresh_items = {n for m in fresh for n in store.entry(m["iteration"], "inbox.parquet").meta["items"]}
-    assert sum(m["atropos_groups"] for m in fresh) == 4 * len(fresh) - len(fresh_items & pulled_before)
+    assert sum(m["outside_groups"] for m in fresh) == 4 * len(fresh) - len(fresh_items & pulled_before)
     env_log = (tmp_path / "runs" / "atropos" / "atropos" / "env0.log").read_text()
     assert env_log.count("==> start") == 2  # one environment per run attempt

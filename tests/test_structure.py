@@ -146,3 +146,30 @@ def test_the_circle_check_finds_a_circle(tmp_path):
     (pkg / "b.py").write_text("def f():\n    from pkg import a\n")
     (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
     assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.b"]]
+
+
+OUR_PACKAGES = ("grpo_core", "grpo_cli", "tasks", "flows", "tests")
+
+
+def our_imports(path: Path) -> list[str]:
+    """The project's own modules that ``path`` imports."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+        found += [n for n in names if n.split(".")[0] in OUR_PACKAGES]
+    return found
+
+
+def test_outside_programs_import_nothing_of_the_project():
+    """What runs in .venv-envs (the OpenEnv driver, the Atropos and OpenEnv example environments) talks to the run
+    over HTTP only: grpo_core and its dependencies are not installed there."""
+    found = {str(f.relative_to(REPO)): our_imports(f) for f in _files("grpo_outside", "examples/atropos",
+                                                                     "examples/openenv")}
+    assert len(found) >= 3 and {f: names for f, names in found.items() if names} == {}
+
+
+def test_the_outside_import_check_finds_one(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import json\nfrom grpo_core.config import load_config\nimport tasks.inbox\n")
+    assert our_imports(path) == ["grpo_core.config", "tasks.inbox"]

@@ -25,23 +25,11 @@ import pyarrow as pa
 
 from grpo_core.data.schemas import RESPONSE_MASK, rollouts_table
 from grpo_core.endpoint.ledger import SampledLedger, SampledSpan
+from grpo_core.outside_source import GroupRefused
 from grpo_core.pipeline.inbox import OUTSIDE_SAMPLER
 
 MASKED = -100
 LOGPROB_TOLERANCE = 1e-3  # sent inference_logprobs vs the sampled ones (JSON floats round-trip exactly; slack)
-
-
-class GroupRefused(ValueError):
-    """A group that is not trained on: ``sequence`` (None: the whole group) and ``field`` say where."""
-
-    def __init__(self, sequence: int | None, field: str | None, reason: str):
-        where = (f"sequence {sequence}" if sequence is not None else "the group") + \
-            (f", field {field!r}" if field else "")
-        super().__init__(f"{where}: {reason}")
-        self.sequence, self.field, self.reason = sequence, field, reason
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"sequence": self.sequence, "field": self.field, "error": self.reason}
 
 
 @dataclass(frozen=True)

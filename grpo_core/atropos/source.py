@@ -4,7 +4,7 @@ pulls of scored groups that feed the iterations.
 The run registers with a batch of one group (``batch_size`` = the group size), so each ``/batch`` answer is one
 group: an iteration pulls exactly the groups it needs, and an environment's ``max_batches_offpolicy`` counts groups
 queued ahead. Atropos counts "steps" per ``/batch`` answer, so its steps are groups here. Faults: an environment that
-exits is started again (``env_restarts`` times); an API server that stops answering is waited for
+exits is started again (``env_restarts`` times, ``outside_source.Supervisor``); an API server that stops answering is waited for
 (``api_timeout_s``; one the run started is started again and the run registers again); an iteration that gets no
 group for ``wait_s`` fails with the queue's and each environment's state. A group pulled is written to the run
 folder before the next pull (``GroupSink``), so a crash loses at most the answer in flight; groups still queued in an
@@ -14,34 +14,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Callable
 
 import pyarrow as pa
 
 from grpo_core.atropos.client import AtroposClient, AtroposUnavailable, Registration
-from grpo_core.atropos.groups import GroupLimits, GroupRefused, group_rows
+from grpo_core.atropos.groups import GroupLimits, group_rows
 from grpo_core.child_process import ChildProcess
 from grpo_core.endpoint.ledger import SampledLedger
-
-
-class AtroposStarved(RuntimeError):
-    """No usable group for ``wait_s``, an environment out of restarts, or the API server gone for too long."""
-
-
-class GroupSink(Protocol):
-    def accepted(self, table: pa.Table) -> None: ...
-
-    def refused(self, group: Any, error: GroupRefused) -> None: ...
-
-
-@dataclass
-class PullStats:
-    groups: int = 0
-    refused: int = 0
-    empty_polls: int = 0
-    api_restarts: int = 0
-    env_restarts: int = 0
-    wait_s: float = 0.0
+from grpo_core.outside_source import FillStats, GroupRefused, GroupSink, SourceStarved, Supervisor
 
 
 @dataclass
@@ -52,12 +33,11 @@ class AtroposSource:
     ledger: SampledLedger
     decode: Callable[[list[int]], str]
     api: ChildProcess | None  # None: joined, not ours to restart
-    envs: list[ChildProcess]
-    env_restarts: int
+    envs: Supervisor
     wait_s: float
     api_timeout_s: float
     poll_s: float = 0.2
-    totals: PullStats = field(default_factory=PullStats)
+    totals: FillStats = field(default_factory=FillStats)
 
     def start(self) -> "AtroposSource":
         """API server up (started when ours), registered, its first /batch asked (environments may only register
@@ -68,8 +48,7 @@ class AtroposSource:
             self._wait_for_api()
             self.client.register(self.registration)
             self.client.batch()
-            for env in self.envs:
-                env.start()
+            self.envs.start()
         except BaseException:
             self.close()  # nothing started is left behind
             raise
@@ -80,39 +59,26 @@ class AtroposSource:
             self.client.wait_up(self.api_timeout_s)
         except AtroposUnavailable as exc:
             tail = f"; its log ends:\n{self.api.log_tail()}" if self.api is not None else ""
-            raise AtroposStarved(f"the Atropos API server at {self.client.url} does not answer: {exc}{tail}") from exc
+            raise SourceStarved(f"the Atropos API server at {self.client.url} does not answer: {exc}{tail}") from exc
 
-    def supervise(self, stats: PullStats) -> None:
-        """Start again the environments that exited; fail once one has used its restarts."""
-        for env in self.envs:
-            code = env.exit_code()
-            if code is None:
-                continue
-            if env.starts > self.env_restarts:
-                raise AtroposStarved(f"environment {env.name} exited ({code}) after {env.starts} starts "
-                                     f"(atropos.env_restarts={self.env_restarts}); its log {env.log_path} ends:\n"
-                                     f"{env.log_tail()}")
-            print(f"atropos: environment {env.name} exited ({code}); starting it again "
-                  f"({env.starts}/{self.env_restarts + 1}), log {env.log_path}")
-            env.start()
-            stats.env_restarts += 1
-
-    def _recover_api(self, exc: AtroposUnavailable, stats: PullStats) -> None:
+    def _recover_api(self, exc: AtroposUnavailable, stats: FillStats) -> None:
         print(f"atropos: the API server does not answer ({exc}); "
               + ("starting it again" if self.api is not None and not self.api.running() else "waiting for it"))
         if self.api is not None and not self.api.running():
             self.api.start()
-            stats.api_restarts += 1
+            stats.server_restarts += 1
         self._wait_for_api()
         self.client.register(self.registration)  # a restarted server lost it; a running one keeps its queue
 
-    def pull(self, wanted: int, sink: GroupSink, stale: Callable[[pa.Table], GroupRefused | None]) -> PullStats:
-        """Pull until ``wanted`` groups are accepted (each given to ``sink`` at once); refused ones go to the sink
-        with the reason, ``stale`` included."""
-        stats = PullStats()
+    def fill(self, needed: int, sink: GroupSink, stale: Callable[[pa.Table], GroupRefused | None],
+             waiting: Callable[[], int]) -> FillStats:
+        """Pull until the inbox holds ``needed`` usable groups (``waiting()`` of them before): each accepted group
+        goes to ``sink`` at once, each refused one (``stale`` included) with the reason."""
+        stats = FillStats()
         started = last_group = time.monotonic()
+        wanted = needed - waiting()
         while stats.groups < wanted:
-            self.supervise(stats)
+            self.envs.check(stats)
             try:
                 batch = self.client.batch()
             except AtroposUnavailable as exc:
@@ -121,7 +87,7 @@ class AtroposSource:
             if not batch:
                 stats.empty_polls += 1
                 if time.monotonic() - last_group > self.wait_s:
-                    raise AtroposStarved(self._starved_message(stats, wanted))
+                    raise SourceStarved(self._starved_message(stats, wanted))
                 time.sleep(self.poll_s)
                 continue
             last_group = time.monotonic()
@@ -138,28 +104,21 @@ class AtroposSource:
                 sink.accepted(table)
                 stats.groups += 1
         stats.wait_s = time.monotonic() - started
-        self._add(stats)
+        self.totals.add(stats)
         return stats
 
-    def _add(self, stats: PullStats) -> None:
-        for name in ("groups", "refused", "empty_polls", "api_restarts", "env_restarts"):
-            setattr(self.totals, name, getattr(self.totals, name) + getattr(stats, name))
-        self.totals.wait_s += stats.wait_s
-
-    def _starved_message(self, stats: PullStats, wanted: int) -> str:
+    def _starved_message(self, stats: FillStats, wanted: int) -> str:
         try:
             queue = self.client.status()
         except AtroposUnavailable as exc:
             queue = f"unknown ({exc})"
-        envs = "; ".join(f"{e.name}: {'running' if e.running() else f'exited {e.exit_code()}'}, "
-                         f"{e.starts} start(s), log {e.log_path}" for e in self.envs) or "none started by the run"
+        envs = self.envs.describe()
         return (f"no usable group from the Atropos API server at {self.client.url} for {self.wait_s:.0f} s "
                 f"(atropos.wait_s): {stats.groups}/{wanted} groups this iteration, {stats.refused} refused; "
                 f"server status {queue}; environments: {envs}")
 
     def close(self) -> None:
-        for env in self.envs:
-            env.stop()
+        self.envs.stop()
         if self.api is not None:
             self.api.stop()
         self.client.close()

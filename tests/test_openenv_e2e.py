@@ -1,0 +1,58 @@
+"""An OpenEnv environment drives a run: the run starts grpo_outside/openenv_driver.py (in .venv-envs, `make envs`) as
+a client of its policy endpoint; the driver plays the episodes of examples/openenv/arith_env.py (openenv-core's
+Environment, its Rubric the reward) through the endpoint, and every group the run trains on is one of them, with the
+rubric's reward and the sampled tokens."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from grpo_core.storage import RunStore
+from tests.conftest import REPO, tiny_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+def test_an_openenv_environment_drives_a_run_through_the_endpoint(tiny_model, tmp_path, prefect_harness,
+                                                                  monkeypatch):
+    from transformers import AutoTokenizer
+
+    from flows.grpo_train import grpo_train
+
+    python = REPO / ".venv-envs" / "bin" / "python"
+    assert python.exists(), "openenv-core is missing: `make envs` builds .venv-envs (make test-e2e does)"
+    monkeypatch.delenv("GRPO_ENDPOINT_TOKEN", raising=False)
+    monkeypatch.chdir(REPO)  # the driver's paths
+    driver = [str(python), "grpo_outside/openenv_driver.py", "--base-url", "{endpoint_url}", "--model",
+              "{model_name}", "--group-size", "{group_size}", "--env", "examples/openenv/arith_env.py:make_env",
+              "--action", "examples/openenv/arith_env.py:ArithAction", "--seed", "0",
+              "--system-prompt", "Please reason step by step, and put your final answer within \\boxed{}."]
+    cfg = tiny_config(tiny_model, str(tmp_path), run_name="openenv", iterations=3, eval__interval=0,
+                      rollout__prompts_per_iteration=4, rollout__samples_per_prompt=4, rollout__max_staleness=1,
+                      rollout__inbox_max_staleness=2, cluster__placement="split",
+                      cluster__sampler_resources={"num_cpus": 0.5}, endpoint={"clients": [driver]})
+    grpo_train(config=cfg)
+    store = RunStore(str(tmp_path), "openenv")
+    assert store.get_json_file("status.json")["state"] == "finished"
+    rows = store.read_metrics().to_pylist()
+    trained = [r for r in rows if r.get("loss") is not None]
+    assert len(trained) == 3 and all(r["inbox_groups"] == 4 for r in trained)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    for it in range(3):
+        assert store.entry(it, "rollouts.parquet").rows == 0  # the run sampled nothing of its own
+        table = store.get_table(it, "inbox.parquet").to_pylist()
+        assert len(table) == 16 and len({r["group_id"] for r in table}) == 4
+        for row in table:
+            assert row["sampler_id"] == -1 and all(row["response_mask"]) and row["episode_id"].startswith("openenv-")
+            # the reward is the environment's rubric on the text the endpoint sampled: 1 iff the last box is the sum
+            question = tokenizer.decode(row["prompt_token_ids"])
+            a, b = map(int, re.search(r"What is (\d+) \+ (\d+)\?", question).groups())
+            boxes = re.findall(r"\\boxed\{([^{}]*)\}", row["response_text"])
+            assert row["reward"] == (1.0 if boxes and boxes[-1].strip() == str(a + b) else 0.0)
+        prompts = {}
+        for row in table:  # a group is one task: G episodes from one reset seed
+            prompts.setdefault(row["group_id"], set()).add(tuple(row["prompt_token_ids"]))
+        assert all(len(p) == 1 for p in prompts.values())
+    log = (tmp_path / "openenv" / "clients" / "client0.log").read_text()
+    assert "rewards [" in log
