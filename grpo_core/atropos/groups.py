@@ -98,8 +98,8 @@ def _sequence_row(seq: int, tokens: list[int], mask: list[int], score: Any, sent
         logprobs[start - first: end - first] = span.logprobs
     if sent_logprobs is not None:
         if not isinstance(sent_logprobs, list) or len(sent_logprobs) != len(tokens):
-            raise GroupRefused(seq, "inference_logprobs", f"has {len(sent_logprobs) if isinstance(sent_logprobs, list) else 0} "
-                                                          f"entries for {len(tokens)} tokens")
+            count = len(sent_logprobs) if isinstance(sent_logprobs, list) else 0
+            raise GroupRefused(seq, "inference_logprobs", f"has {count} entries for {len(tokens)} tokens")
         for start, end in spans:
             for i in range(start, end):
                 sent = sent_logprobs[i]

@@ -4,11 +4,11 @@ pulls of scored groups that feed the iterations.
 The run registers with a batch of one group (``batch_size`` = the group size), so each ``/batch`` answer is one
 group: an iteration pulls exactly the groups it needs, and an environment's ``max_batches_offpolicy`` counts groups
 queued ahead. Atropos counts "steps" per ``/batch`` answer, so its steps are groups here. Faults: an environment that
-exits is started again (``env_restarts`` times, ``outside_source.Supervisor``); an API server that stops answering is waited for
-(``api_timeout_s``; one the run started is started again and the run registers again); an iteration that gets no
-group for ``wait_s`` fails with the queue's and each environment's state. A group pulled is written to the run
-folder before the next pull (``GroupSink``), so a crash loses at most the answer in flight; groups still queued in an
-API server the run started die with it (its queue is in memory), and the environments sample new ones.
+exits is started again (``env_restarts`` times, ``outside_source.Supervisor``); an API server that stops answering
+is waited for (``api_timeout_s``; one the run started is started again and the run registers again); an iteration
+that gets no group for ``wait_s`` fails with the queue's and each environment's state. A group pulled is written to
+the run folder before the next pull (``GroupSink``), so a crash loses at most the answer in flight; groups still
+queued in an API server the run started die with it (its queue is in memory), and the environments sample new ones.
 """
 from __future__ import annotations
 
