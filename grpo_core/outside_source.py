@@ -47,10 +47,33 @@ class FillStats:
     server_restarts: int = 0
     process_restarts: int = 0
     wait_s: float = 0.0
+    short: int = 0         # groups the iteration goes without: nothing came for the wait (see ``go_on_short``)
 
     def add(self, other: "FillStats") -> None:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+class WaitOver:
+    """What a source does when nothing new came for its wait: with some usable group the iteration goes on with what
+    it has (the rest of its batch masked out: ``tasks/score.py``); with none, the processes that should have sent
+    something (alive but silent: hung) are started again, once per iteration, and waited for again; then the run
+    cannot go on."""
+
+    def __init__(self, supervisor: "Supervisor"):
+        self.supervisor, self.restarted = supervisor, False
+
+    def short(self, have: int, needed: int, what: str, stats: "FillStats") -> bool:
+        """True: go on short (``stats.short`` set); False: processes restarted, wait again; or SourceStarved."""
+        if have >= 1:
+            print(f"{what}; the iteration goes on with {have} of its {needed} groups")
+            stats.short = needed - have
+            return True
+        if self.restarted or not self.supervisor.processes:
+            raise SourceStarved(what)
+        self.supervisor.restart_all(stats, what)
+        self.restarted = True
+        return False
 
 
 class OutsideSource(Protocol):
@@ -87,6 +110,16 @@ class Supervisor:
                 raise SourceStarved(f"{p.name} exited ({code}) after {p.starts} starts (restarts allowed: "
                                     f"{self.restarts}); its log {p.log_path} ends:\n{p.log_tail()}")
             print(f"{p.name} exited ({code}); starting it again ({p.starts}/{self.restarts + 1}), log {p.log_path}")
+            p.start()
+            stats.process_restarts += 1
+
+    def restart_all(self, stats: FillStats, why: str) -> None:
+        """Stop and start every process (one that hangs is alive but sends nothing), within its restarts."""
+        for p in self.processes:
+            if p.starts > self.restarts:
+                raise SourceStarved(f"{why}; {p.name} has used its {self.restarts} restarts")
+            print(f"{why}: starting {p.name} again (log {p.log_path})")
+            p.stop()
             p.start()
             stats.process_restarts += 1
 

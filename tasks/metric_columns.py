@@ -41,6 +41,8 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
         ("outside_wait_s", "atropos or endpoint.clients: seconds the iteration waited for its groups"),
         ("outside_process_restarts", "environment or client processes started again after they exited"),
         ("outside_server_restarts", "atropos: times the API server stopped answering and was started again"),
+        ("outside_short_groups", "groups the iteration went without: nothing came for the wait, so it trained on "
+                                 "the groups it had (the rest of the batch masked-out copies of them)"),
     ),
     "Rollout": (
         ("response_length_mean", "mean response length in tokens (first rollout round)"),

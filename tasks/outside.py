@@ -190,7 +190,8 @@ def fill_inbox(ctx: RunContext, iteration: int) -> FillResult:
         print(f"{ITEM_PREFIX}: iteration {iteration} refused {stats.refused} group(s), by field: {sink.reasons} "
               f"(each in {store.url(REJECTED)} with its reason)")
     return FillResult(groups=stats.groups, refused=stats.refused, wait_s=stats.wait_s,
-                      process_restarts=stats.process_restarts, server_restarts=stats.server_restarts)
+                      process_restarts=stats.process_restarts, server_restarts=stats.server_restarts,
+                      short=stats.short)
 
 
 def close_outside(source: OutsideSource) -> None:

@@ -64,10 +64,12 @@ class FillResult:
     wait_s: float = 0.0   # seconds the iteration waited for its groups
     process_restarts: int = 0
     server_restarts: int = 0
+    short: int = 0        # groups the iteration went without (nothing came for the wait; masked out of the batch)
 
     def columns(self) -> dict[str, Any]:
         return {"outside_groups": self.groups, "outside_refused": self.refused, "outside_wait_s": self.wait_s,
-                "outside_process_restarts": self.process_restarts, "outside_server_restarts": self.server_restarts}
+                "outside_process_restarts": self.process_restarts, "outside_server_restarts": self.server_restarts,
+                "outside_short_groups": self.short}
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,8 @@ def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> RolloutResult:
     prompts = ctx.train_prompts.batch(iteration, round_)
     if round_ == 0:  # groups taken from the inbox replace the iteration's last prompts
         prompts = prompts[: len(prompts) - inbox_groups(ctx, iteration)]
+    if cfg.outside_groups_only:  # every group comes from outside: a short batch is padded when scored, not sampled
+        prompts = []
     if prompts:
         serving = ctx.engines.samplers.versions()
         if any(v != version for v in serving):

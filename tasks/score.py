@@ -53,9 +53,14 @@ def score(ctx: RunContext, iteration: int, rollout_name: str) -> ScoreResult:
         taken, adv_metrics = add_advantages(ctx.store.get_table(iteration, INBOX_FILE), ctx.cfg)
         parts.append(taken)
         metrics["inbox_groups"] = float(outside.meta["groups"])
-        if not table.num_rows:  # the whole batch is the inbox's (an Atropos trainer): its rewards are the metrics
+        if not table.num_rows:  # the whole batch is the inbox's (an outside source): its rewards are the metrics
             rewards = [r for r in taken.column("reward").to_pylist() if r is not None]
             metrics.update(adv_metrics, reward_mean=sum(rewards) / len(rewards) if rewards else float("nan"))
+            g = ctx.cfg.rollout.samples_per_prompt
+            missing = ctx.cfg.rollout.prompts_per_iteration - taken.num_rows // g
+            if missing > 0:  # the source went on short: the learner's batch is whole, the rest out of the loss
+                parts.append(masked_copies(taken, missing, g))
+                metrics["groups_masked"] = float(missing)
     scored = pa.concat_tables(parts, promote_options="default")
     metrics["score_seconds"] = time.perf_counter() - started
     entry = ctx.store.put_table(iteration, out_name, scored,
@@ -92,6 +97,18 @@ def assemble_groups(tables: list[pa.Table], group_size: int, target_groups: int,
     metrics = {"groups_kept": float(len(chosen)), "groups_masked": float(len(filler)),
                "filtered_group_frac": 1.0 - len(kept) / max(1, len(kept) + len(dropped))}
     return pa.concat_tables(chosen + filler), metrics
+
+
+def masked_copies(groups: pa.Table, count: int, group_size: int) -> pa.Table:
+    """``count`` groups copied from ``groups`` in turn, numbered 0.., with ``kept`` False: rows that fill a short
+    batch to the learner's size and take no part in the loss."""
+    have = groups.num_rows // group_size
+    copies = []
+    for j in range(count):
+        group = _mask_out(groups.slice((j % have) * group_size, group_size))
+        idx = group.column_names.index("group_id")
+        copies.append(group.set_column(idx, "group_id", pa.array([j] * group_size, group.schema.field(idx).type)))
+    return pa.concat_tables(copies)
 
 
 def _mask_out(group: pa.Table) -> pa.Table:

@@ -139,3 +139,17 @@ def test_overrides_are_kept_as_json_and_a_non_object_group_is_refused():
     assert table.column("atropos_group_overrides").to_pylist() == ['{"note": "x"}'] * 2
     assert table.schema.field("response_mask").type == pa.list_(pa.int8())
     assert _refusal([1, 2], ledger).field is None
+
+
+def test_a_short_outside_batch_is_filled_with_masked_copies_of_its_groups():
+    from tasks.score import masked_copies
+
+    ledger = SampledLedger()
+    one = group_rows(_group(ledger), LIMITS, ledger, _decode)
+    taken = pa.concat_tables([one, one])  # two groups taken, numbered as the inbox numbers them
+    taken = taken.set_column(taken.column_names.index("group_id"), "group_id", pa.array([2, 2, 3, 3], pa.int64()))
+    taken = taken.append_column("kept", pa.array([True] * 4))
+    filler = masked_copies(taken, 3, LIMITS.group_size)
+    assert filler.num_rows == 6 and filler.column("kept").to_pylist() == [False] * 6
+    assert filler.column("group_id").to_pylist() == [0, 0, 1, 1, 2, 2]
+    assert filler.column("response_token_ids").to_pylist()[:2] == taken.column("response_token_ids").to_pylist()[:2]

@@ -6,7 +6,8 @@ group: an iteration pulls exactly the groups it needs, and an environment's ``ma
 queued ahead. Atropos counts "steps" per ``/batch`` answer, so its steps are groups here. Faults: an environment that
 exits is started again (``env_restarts`` times, ``outside_source.Supervisor``); an API server that stops answering
 is waited for (``api_timeout_s``; one the run started is started again and the run registers again); an iteration
-that gets no group for ``wait_s`` fails with the queue's and each environment's state. A group pulled is written to
+that gets no group for ``wait_s`` goes on with the groups it has, or with none starts the environments again (hung)
+and waits once more, then fails with the queue's and each environment's state (``WaitOver``). A group pulled is written to
 the run folder before the next pull (``GroupSink``), so a crash loses at most the answer in flight; groups still
 queued in an API server the run started die with it (its queue is in memory), and the environments sample new ones.
 """
@@ -22,7 +23,7 @@ from grpo_core.atropos.client import AtroposClient, AtroposUnavailable, Registra
 from grpo_core.atropos.groups import GroupLimits, group_rows
 from grpo_core.child_process import ChildProcess
 from grpo_core.endpoint.ledger import SampledLedger
-from grpo_core.outside_source import FillStats, GroupRefused, GroupSink, SourceStarved, Supervisor
+from grpo_core.outside_source import FillStats, GroupRefused, GroupSink, SourceStarved, Supervisor, WaitOver
 
 
 @dataclass
@@ -76,7 +77,9 @@ class AtroposSource:
         goes to ``sink`` at once, each refused one (``stale`` included) with the reason."""
         stats = FillStats()
         started = last_group = time.monotonic()
-        wanted = needed - waiting()
+        waited = waiting()
+        wanted = needed - waited
+        over = WaitOver(self.envs)
         while stats.groups < wanted:
             self.envs.check(stats)
             try:
@@ -87,7 +90,9 @@ class AtroposSource:
             if not batch:
                 stats.empty_polls += 1
                 if time.monotonic() - last_group > self.wait_s:
-                    raise SourceStarved(self._starved_message(stats, wanted))
+                    if over.short(waited + stats.groups, needed, self._starved_message(stats, wanted), stats):
+                        break
+                    last_group = time.monotonic()
                 time.sleep(self.poll_s)
                 continue
             last_group = time.monotonic()
