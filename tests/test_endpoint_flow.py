@@ -21,7 +21,7 @@ TASKS = [(a, b) for a in range(3, 9) for b in range(2, 6)]
 def _agent(store: RunStore, served: dict[str, list[int]], stop: threading.Event, errors: list[str]) -> None:
     """Until the run ends: per task, 4 episodes of one turn each, rewarded 1 when the boxed answer is right."""
     import httpx
-    from openai import APIConnectionError, OpenAI
+    from openai import APIConnectionError, APIStatusError, OpenAI
 
     while not stop.is_set() and store.get_json_file("endpoint.json") is None:
         time.sleep(0.05)
@@ -47,6 +47,12 @@ def _agent(store: RunStore, served: dict[str, list[int]], stop: threading.Event,
                 done.raise_for_status()
         except (httpx.ConnectError, APIConnectionError):
             return  # the run ended and closed its endpoint (checked after the run: it did finish)
+        except (APIStatusError, httpx.HTTPStatusError) as exc:
+            body = exc.body if isinstance(exc, APIStatusError) else exc.response.json().get("error")
+            if isinstance(body, dict) and body.get("code") == "run_stopping":
+                return  # the run is ending: the endpoint refuses new calls (its documented answer)
+            errors.append(repr(exc))
+            return
         except Exception as exc:  # noqa: BLE001 - anything else is the endpoint's failure
             errors.append(repr(exc))
             return
