@@ -20,6 +20,7 @@ import importlib.util
 import os
 import random
 import sys
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -86,6 +87,9 @@ class Driver:
                 rewards = [f.result() for f in futures]
                 print(f"{group}: rewards {rewards}", flush=True)
                 task += 1
+        print(f"played {task} tasks; waiting to be stopped", flush=True)
+        while True:  # a client that exits is started again by the run: one with nothing left to play waits
+            time.sleep(3600)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--max-turns", type=int, default=1)
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight at once")
-    p.add_argument("--tasks", type=int, default=None, help="stop after this many tasks (default: until stopped)")
+    p.add_argument("--tasks", type=int, default=None, help="play this many tasks, then wait to be stopped "
+                                                           "(default: play until stopped)")
     p.add_argument("--seed", type=int, default=None, help="the task seeds' seed (default: random)")
     p.add_argument("--retries", type=int, default=8, help="the SDK's retries of a call (a 503 during a weight "
                                                           "update is retried)")

@@ -1,7 +1,8 @@
 """An OpenEnv environment drives a run: the run starts grpo_outside/openenv_driver.py (in .venv-envs, `make envs`) as
 a client of its policy endpoint; the driver plays the episodes of examples/openenv/arith_env.py (openenv-core's
 Environment, its Rubric the reward) through the endpoint, and every group the run trains on is one of them, with the
-rubric's reward and the sampled tokens."""
+rubric's reward and the sampled tokens. The driver plays 9 tasks for 3 iterations of 4: the last iteration waits in
+vain, then goes on with its one group (the rest of the batch masked out)."""
 from __future__ import annotations
 
 import re
@@ -26,23 +27,28 @@ def test_an_openenv_environment_drives_a_run_through_the_endpoint(tiny_model, tm
     monkeypatch.chdir(REPO)  # the driver's paths
     driver = [str(python), "grpo_outside/openenv_driver.py", "--base-url", "{endpoint_url}", "--model",
               "{model_name}", "--group-size", "{group_size}", "--env", "examples/openenv/arith_env.py:make_env",
-              "--action", "examples/openenv/arith_env.py:ArithAction", "--seed", "0",
+              "--action", "examples/openenv/arith_env.py:ArithAction", "--seed", "0", "--tasks", "9",
               "--system-prompt", "Please reason step by step, and put your final answer within \\boxed{}."]
     cfg = tiny_config(tiny_model, str(tmp_path), run_name="openenv", iterations=3, eval__interval=0,
                       rollout__prompts_per_iteration=4, rollout__samples_per_prompt=4, rollout__max_staleness=1,
                       rollout__inbox_max_staleness=2, cluster__placement="split",
-                      cluster__sampler_resources={"num_cpus": 0.5}, endpoint={"clients": [driver]})
+                      cluster__sampler_resources={"num_cpus": 0.5},
+                      endpoint={"clients": [driver], "groups_wait_s": 8})
     grpo_train(config=cfg)
     store = RunStore(str(tmp_path), "openenv")
     assert store.get_json_file("status.json")["state"] == "finished"
     rows = store.read_metrics().to_pylist()
     trained = [r for r in rows if r.get("loss") is not None]
-    assert len(trained) == 3 and all(r["inbox_groups"] == 4 for r in trained)
+    assert [r["inbox_groups"] for r in trained] == [4, 4, 1]
+    assert [r["outside_short_groups"] for r in trained] == [0, 0, 3]
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     for it in range(3):
         assert store.entry(it, "rollouts.parquet").rows == 0  # the run sampled nothing of its own
         table = store.get_table(it, "inbox.parquet").to_pylist()
-        assert len(table) == 16 and len({r["group_id"] for r in table}) == 4
+        groups = 4 if it < 2 else 1
+        assert len(table) == 4 * groups and len({r["group_id"] for r in table}) == groups
+        scored = store.get_table(it, "scored.parquet").to_pylist()  # the learner's batch is whole, the rest masked
+        assert len(scored) == 16 and sum(r["kept"] for r in scored) == 4 * groups
         for row in table:
             assert row["sampler_id"] == -1 and all(row["response_mask"]) and row["episode_id"].startswith("openenv-")
             # the reward is the environment's rubric on the text the endpoint sampled: 1 iff the last box is the sum
