@@ -7,7 +7,6 @@ resume: ``tasks/inbox.py``) and samples no prompt of its own. ``open_outside`` i
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import tempfile
@@ -27,7 +26,7 @@ from grpo_core.child_process import ChildProcess
 from grpo_core.endpoint.clients import ClientsSource
 from grpo_core.netaddr import free_port
 from grpo_core.outside_source import GroupRefused, OutsideSource, Supervisor
-from grpo_core.pipeline.inbox import INBOX, READY_SUFFIX, REJECTED, ready_items
+from grpo_core.pipeline.inbox import INBOX, REJECTED, put_item, ready_items
 from grpo_core.storage import RunStore
 from tasks.context import RunContext
 from tasks.inbox import INBOX_FILE
@@ -130,10 +129,7 @@ class _InboxSink:
         return f"{ITEM_PREFIX}-{self.iteration:06d}-{time.time_ns()}-{self.count:04d}"
 
     def accepted(self, table: pa.Table) -> None:
-        name, buf = self._name(), io.BytesIO()
-        pq.write_table(table, buf)
-        self.store.put_bytes(f"{INBOX}/{name}.parquet", buf.getvalue())
-        self.store.put_bytes(f"{INBOX}/{name}{READY_SUFFIX}", b"")
+        put_item(self.store, self._name(), table)
 
     def refused(self, group: Any, error: GroupRefused) -> None:
         name = self._name()

@@ -48,11 +48,12 @@ def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> RolloutResult:
     done = ctx.store.entry(iteration, name)
     if done is not None and done.meta.get("policy_version") == version:
         return RolloutResult.from_meta(name, done.rows, True, done.meta)
-    prompts = ctx.train_prompts.batch(iteration, round_)
-    if round_ == 0:  # groups taken from the inbox replace the iteration's last prompts
-        prompts = prompts[: len(prompts) - inbox_groups(ctx, iteration)]
     if cfg.outside_groups_only:  # every group comes from outside: a short batch is padded when scored, not sampled
         prompts = []
+    else:
+        prompts = ctx.train_prompts.batch(iteration, round_)
+        if round_ == 0:  # groups taken from the inbox replace the iteration's last prompts
+            prompts = prompts[: len(prompts) - inbox_groups(ctx, iteration)]
     if prompts:
         serving = ctx.engines.samplers.versions()
         if any(v != version for v in serving):

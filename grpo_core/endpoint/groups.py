@@ -8,15 +8,13 @@ still short of G when the run ends is reported, not trained on.
 """
 from __future__ import annotations
 
-import io
 import threading
 import time
 
-import pyarrow.parquet as pq
 
 from grpo_core.endpoint.policy import episode_rows
 from grpo_core.endpoint.recorder import FinishedEpisode, RequestError
-from grpo_core.pipeline.inbox import INBOX, READY_SUFFIX
+from grpo_core.pipeline.inbox import put_item
 from grpo_core.storage import RunStore
 
 
@@ -47,10 +45,7 @@ class EpisodeGroups:
             del self._groups[episode.group]
             self.items_written += 1
             name = f"{self.prefix}-{time.time_ns()}-{self.items_written:06d}"
-        buf = io.BytesIO()
-        pq.write_table(episode_rows([members]), buf)
-        self.store.put_bytes(f"{INBOX}/{name}.parquet", buf.getvalue())
-        self.store.put_bytes(f"{INBOX}/{name}{READY_SUFFIX}", b"")
+        put_item(self.store, name, episode_rows([members]))
         return name
 
     def incomplete(self) -> dict[str, int]:

@@ -128,6 +128,14 @@ class Taken:
     rejected: list[dict[str, Any]] = field(default_factory=list)
 
 
+def put_item(store: RunStore, name: str, table: pa.Table) -> None:
+    """Write one inbox item as a producer must: the rows, then ``<name>.ready`` (the item is complete)."""
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf)
+    store.put_bytes(f"{INBOX}/{name}.parquet", buf.getvalue().to_pybytes())
+    store.put_bytes(f"{INBOX}/{name}{READY_SUFFIX}", b"")
+
+
 def ready_items(store: RunStore) -> list[str]:
     """Names of complete items (``<name>.parquet`` with ``<name>.ready``), oldest name first."""
     files = {rel for rel in store.list_files(INBOX) if "/" not in rel}
