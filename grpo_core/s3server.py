@@ -8,12 +8,18 @@ Every port ``weed mini`` opens (master, volume, filer, S3, their gRPC ports, adm
 chosen free on 127.0.0.1 (or the one address given as ``host``) and bound there only; WebDAV, Iceberg and Lance are disabled and
 telemetry is off. Credentials come from a generated ``ids.json`` and are enforced.
 The server log goes to ``<workdir>/weed.log``; a failed start raises with its tail.
+
+Started means *writable*: ports are chosen free and then bound by weed, so another process can take one in between
+(the volume server's, say), and weed mini then answers S3 requests it can never complete. A start therefore ends
+with a small object written, read back and deleted in the first bucket, each request bounded in time; a port taken
+meanwhile (weed's log says so) starts weed again on other ports, any other failure raises with the log.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -34,12 +40,23 @@ HOST = "127.0.0.1"
 # weed mini's plugin worker dials the admin gRPC port at admin.port + 10000 whatever
 # -admin.port.grpc says, so the two must be chosen as that pair.
 _ADMIN_GRPC_OFFSET = 10000
+# Starts on fresh ports after weed found one of its ports taken (chosen free, then bound by another process).
+_PORT_RACE_STARTS = 3
+_PORT_TAKEN = ("address already in use", "Port allocation failed")  # at bind / weed's own check before it
+# The write probe's requests: bounded, so that a server that accepts and never answers fails the start.
+_PROBE_KEY = ".grpo-start-probe"
+_PROBE_CLIENT = {"connect_timeout": 5, "read_timeout": 20, "retries": {"max_attempts": 3}}
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # Unix socket paths are limited to 108 bytes on Linux.
 _MAX_SOCKET_PATH = 90  # with room for weed's own 'seaweedfs-master-grpc-NNNNN.sock' names
 
 
 class S3ServerError(RuntimeError):
     """The S3 server could not be started or stopped; the message carries the log tail."""
+
+
+class _PortTaken(S3ServerError):
+    """weed could not bind one of the ports chosen for it: start again on others."""
 
 
 def find_weed() -> str:
@@ -238,6 +255,41 @@ def _wait_for_buckets(server: S3Server, deadline: float) -> None:
         raise S3ServerError(f"buckets {missing} not available in time (last error: {last_error!r})")
 
 
+def _probe_writes(server: S3Server) -> None:
+    """Write, read back and delete one small object in the first bucket, each request bounded in time."""
+    import s3fs
+
+    options = {**server.storage_options, "config_kwargs": _PROBE_CLIENT}
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    path = f"{server.buckets[0]}/{_PROBE_KEY}"
+    payload = secrets.token_bytes(64)
+    try:
+        fs.pipe_file(path, payload)
+        if fs.cat_file(path) != payload:
+            raise S3ServerError(f"the probe object {path} read back differs from what was written")
+        fs.rm_file(path)
+    except (OSError, ValueError) as exc:
+        raise S3ServerError(f"the server answers but cannot store an object ({path}): {exc!r}") from exc
+
+
+def _port_taken(log_path: Path, since: int) -> bool:
+    """Whether weed's log, from byte ``since`` on, says a port it was given is in use."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(since)
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return False
+    return any(sign in text for sign in _PORT_TAKEN)
+
+
+def _check_bucket_names(buckets: tuple[str, ...] | list[str]) -> None:
+    bad = [b for b in buckets if not _BUCKET_NAME.match(b)]
+    if bad:
+        raise S3ServerError(f"bucket names {bad} are not S3 bucket names (3-63 characters: lowercase letters, digits, "
+                            "dots and hyphens, starting and ending with a letter or digit)")
+
+
 def _weed_args(weed: str, data_dir: Path, host: str, ids_path: Path, ports: dict[str, int], sockets_in: Path,
                buckets: tuple[str, ...] | list[str]) -> list[str]:
     """The ``weed mini`` command line: every port given (none left to its defaults), bound to ``host`` only."""
@@ -285,23 +337,38 @@ def start_s3_server(
     weed: str | None = None,
     host: str = HOST,
 ) -> S3Server:
-    """Start ``weed mini`` with its data, log and ids.json under ``workdir``; return once S3 answers.
+    """Start ``weed mini`` with its data, log and ids.json under ``workdir``; return once S3 answers and (with
+    buckets) an object can be stored in the first one.
 
     ``key``/``secret`` default to fresh random values. ``s3_port`` fixes the S3 port (others are
     always chosen free). ``host``: the one address every port binds (loopback unless a test host of
     its own, tests.netns, serves it). ``die_with_parent`` ties the server's life to this process (tests);
-    a launcher that should outlive its shell passes False.
+    a launcher that should outlive its shell passes False. ``timeout`` bounds each start.
     """
     started = time.monotonic()
+    _check_bucket_names(buckets)
     workdir = Path(workdir).resolve()
-    data_dir = workdir / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
+    (workdir / "data").mkdir(parents=True, exist_ok=True)
     key = key or "grpo" + secrets.token_hex(8)
     secret = secret or secrets.token_hex(20)
-    ids_path = workdir / "ids.json"
-    write_identities(ids_path, key, secret)
-    log_path = workdir / "weed.log"
+    write_identities(workdir / "ids.json", key, secret)
+    for start in range(_PORT_RACE_STARTS):
+        try:
+            server = _start_once(workdir, buckets, key, secret, s3_port, timeout, die_with_parent, weed, host)
+        except _PortTaken:
+            if start + 1 == _PORT_RACE_STARTS:
+                raise
+            continue
+        server.start_seconds = time.monotonic() - started
+        return server
+    raise AssertionError("unreachable")
 
+
+def _start_once(workdir: Path, buckets: tuple[str, ...] | list[str], key: str, secret: str, s3_port: int | None,
+                timeout: float, die_with_parent: bool, weed: str | None, host: str) -> S3Server:
+    """One start on freshly chosen ports; raises _PortTaken when weed's log says one was taken meanwhile."""
+    started = time.monotonic()
+    log_path = workdir / "weed.log"
     names = ["master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc"]
     chosen = free_ports(len(names), host)
     ports = dict(zip(names, chosen))
@@ -316,7 +383,7 @@ def start_s3_server(
         socket_dir = Path(tempfile.mkdtemp(prefix="grpo-weed-"))
     sockets_in = socket_dir or workdir
 
-    args = _weed_args(weed or find_weed(), data_dir, host, ids_path, ports, sockets_in, buckets)
+    args = _weed_args(weed or find_weed(), workdir / "data", host, workdir / "ids.json", ports, sockets_in, buckets)
 
     def spawn() -> subprocess.Popen:
         with open(log_path, "ab") as log:
@@ -332,6 +399,7 @@ def start_s3_server(
                 env={**os.environ, "TMPDIR": str(workdir)},
             )
 
+    log_from = log_path.stat().st_size if log_path.exists() else 0  # this start's lines begin here
     process = spawn()
     server = S3Server(
         endpoint_url=f"http://{host}:{ports['s3']}",
@@ -350,13 +418,15 @@ def start_s3_server(
         _wait_for_http(server.endpoint_url + "/", process, deadline)
         if buckets:
             _wait_for_buckets(server, deadline)
+            _probe_writes(server)
     except BaseException as exc:
         server.stop(timeout=5.0)
+        if isinstance(exc, Exception) and _port_taken(log_path, log_from):
+            raise _PortTaken(f"a port chosen for weed was taken before it bound it: {exc}") from exc
         raise S3ServerError(
             f"starting weed mini in {workdir} failed: {exc}\n"
             f"--- tail of {log_path} ---\n{_log_tail(log_path)}"
         ) from exc
-    server.start_seconds = time.monotonic() - started
     return server
 
 

@@ -33,7 +33,9 @@ def test_an_openenv_environment_drives_a_run_through_the_endpoint(tiny_model, tm
                       rollout__prompts_per_iteration=4, rollout__samples_per_prompt=4, rollout__max_staleness=1,
                       rollout__inbox_max_staleness=2, cluster__placement="split",
                       cluster__sampler_resources={"num_cpus": 0.5},
-                      endpoint={"clients": [driver], "groups_wait_s": 8})
+                      # long enough for the driver's start (its imports alone take seconds on a busy machine), the
+                      # last iteration's wait in vain
+                      endpoint={"clients": [driver], "groups_wait_s": 30})
     grpo_train(config=cfg)
     store = RunStore(str(tmp_path), "openenv")
     assert store.get_json_file("status.json")["state"] == "finished"

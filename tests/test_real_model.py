@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,19 @@ def real_config(model: str, root, run_name: str, **overrides) -> dict:
                  rollout__kv_cache_mb=128, eval__interval=2, eval__max_prompts=4, train__lr=3e-6,
                  train__micro_batch_size=8, weights__check_every=1, checkpoint__interval=2)
     return tiny_config(model, str(root), run_name=run_name, **{**shape, **overrides})
+
+
+def _drop_checkpoints(root: Path) -> None:
+    """A checkpoint of this model is 2.2 GB (weights and Adam's fp32 states): gone once a test is done with it, so
+    that the suite's disk use stays small beside tests that need free space (the S3 server's volumes)."""
+    for folder in root.glob("*/checkpoints"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _free_the_disk(tmp_path):
+    yield
+    _drop_checkpoints(tmp_path)
 
 
 def _rows(root, run: str) -> list[dict]:
@@ -139,7 +153,8 @@ def reference(smollm2_model, tmp_path_factory, prefect_harness):
     cfg = real_config(smollm2_model, root, "ref", iterations=3)
     result = grpo_train(config=cfg)
     assert result["resumed_from"] is None
-    return root, cfg
+    yield root, cfg
+    _drop_checkpoints(root)
 
 
 def test_the_run_learns_safely_and_resumes_bit_identically_after_sigkill(reference, smollm2_model, tmp_path):
@@ -195,7 +210,7 @@ def test_split_placement_broadcasts_the_weights_in_async_mode(smollm2_model, tmp
     from flows.grpo_train import grpo_train
 
     cfg = real_config(smollm2_model, tmp_path, "split", iterations=3, cluster__placement="split",
-                      rollout__max_staleness=1, eval__interval=0,
+                      checkpoint__interval=0, rollout__max_staleness=1, eval__interval=0,
                       cluster__sampler_resources={"num_cpus": 0.5, "torch_threads": 1},
                       cluster__learner_resources={"torch_threads": 1})
     result = grpo_train(config=cfg)
@@ -216,7 +231,7 @@ def test_an_external_grpo_serve_with_its_default_kv_cache_samples_the_run(smollm
     try:
         server.wait_ready()
         assert "serving at most" in server.log.read_text()
-        cfg = real_config(smollm2_model, tmp_path, "ext", iterations=2, eval__interval=0,
+        cfg = real_config(smollm2_model, tmp_path, "ext", iterations=2, eval__interval=0, checkpoint__interval=0,
                           cluster__placement="external", cluster__servers=[server.url])
         grpo_train(config=cfg)
     finally:
@@ -232,7 +247,7 @@ def test_lora_trains_the_adapter_only_and_the_merged_export_loads(smollm2_model,
     from grpo_core.model.load_check import check_loads
 
     cfg = real_config(smollm2_model, tmp_path, "lora", iterations=2, eval__interval=0, train__lr=1e-4,
-                      model__lora={"rank": 8, "alpha": 16})
+                      checkpoint__interval=0, model__lora={"rank": 8, "alpha": 16})
     grpo_train(config=cfg)
     rows = _rows(tmp_path, "lora")
     assert all(r["sync_logprob_max_diff"] < 1e-3 for r in rows)

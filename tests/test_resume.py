@@ -282,7 +282,10 @@ def test_s3_outage_of_10s_mid_run_is_survived_and_nothing_is_lost(reference, tin
         # One HTTP attempt per s3fs try: the client's own retries give up within about 2 s, so the stage I/O that
         # meets the outage fails and Prefect's task retries have to carry the run. With botocore's default retries
         # a call could ride out the 10 s by itself, and whether one did depended on timing.
-        options = {**server.storage_options, "config_kwargs": {"retries": {"max_attempts": 1}}}
+        # Each request bounded (botocore waits 60 s for an answer by default): a server that stalls costs a retry,
+        # not minutes.
+        options = {**server.storage_options,
+                   "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 5, "read_timeout": 30}}
         cfg = _config(tiny_model, Path("unused"), "s3run", storage__root=root,
                       storage__options=options, storage__retry_delay_s=1.0, storage__retries=6)
         result = grpo_train(config=cfg)

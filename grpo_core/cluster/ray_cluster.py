@@ -6,9 +6,12 @@ thread count and cache folders through ``runtime_env``: Ray sets OMP_NUM_THREADS
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any
+
+import psutil
 
 # grpo_core/cluster/__init__.py has set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER before this import (loopback addresses).
 import ray  # noqa: E402
@@ -24,6 +27,10 @@ from grpo_core.storage import RunStore  # noqa: E402
 _PASSTHROUGH = ("TORCH_EXTENSIONS_DIR", "VLLM_CACHE_ROOT", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                 "VLLM_CPU_KVCACHE_SPACE", "PYTHONPATH", "DS_BUILD_OPS", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 PLACEMENT_TIMEOUT_S = 120.0
+# Starts of a local Ray whose node did not come up in time (Ray's own message, node.py).
+_RAY_STARTS = 3
+_NODE_START_TIMED_OUT = "timed out during startup"
+logger = logging.getLogger(__name__)
 
 
 def on_loopback(cfg: GRPOConfig) -> bool:
@@ -86,10 +93,41 @@ def start_ray(cfg: GRPOConfig) -> bool:
 
 def start_local_ray(num_cpus: int, resources: dict[str, float] | None = None, log_to_driver: bool = False) -> None:
     """A new Ray cluster of this process's own, on 127.0.0.1 only ("local": without it ray.init joins any cluster
-    a `ray start` or another run left on this machine; cluster.ray_address="auto" joins that one on purpose)."""
+    a `ray start` or another run left on this machine; cluster.ray_address="auto" joins that one on purpose).
+
+    On a loaded machine Ray's node can fail to come up: the raylet waits a fixed 15 s for its Python agents to
+    write their ports (ray-project/ray#65983), and their imports alone can take longer when every core is busy.
+    Such a start is cleaned up (the processes it left) and tried again, up to ``_RAY_STARTS`` times."""
     resources = {key: math.ceil(total) for key, total in (resources or {}).items()}  # a node's are whole numbers
-    ray.init(address="local", num_cpus=num_cpus, resources=resources or None, include_dashboard=False,
-             _node_ip_address="127.0.0.1", log_to_driver=log_to_driver, configure_logging=False)
+    for start in range(1, _RAY_STARTS + 1):
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        try:
+            ray.init(address="local", num_cpus=num_cpus, resources=resources or None, include_dashboard=False,
+                     _node_ip_address="127.0.0.1", log_to_driver=log_to_driver, configure_logging=False)
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for it; anything else is re-raised
+            if _NODE_START_TIMED_OUT not in str(exc) or start == _RAY_STARTS:
+                raise
+            logger.warning("Ray's node did not come up (start %d of %d: %s); starting it again", start, _RAY_STARTS,
+                         exc)
+            ray.shutdown()
+            _stop_processes([p for p in psutil.Process().children(recursive=True) if p.pid not in before])
+
+
+def _stop_processes(processes: list[psutil.Process], grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL what is left after ``grace_s``."""
+    for p in processes:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def stop_ray() -> None:
