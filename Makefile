@@ -9,6 +9,10 @@ STAMP := $(VENV)/.installed
 ENVS_VENV := .venv-envs
 ENVS_LOCK := requirements/envs.lock
 ENVS_STAMP := $(ENVS_VENV)/.installed
+# verifiers pins openai<3 and mcp==2.0.0, which clash with both locks: a virtual environment of its own.
+VF_VENV := .venv-verifiers
+VF_LOCK := requirements/verifiers.lock
+VF_STAMP := $(VF_VENV)/.installed
 CACHE := $(CURDIR)/.cache
 TINY_MODEL := $(CACHE)/models/tiny
 TINY_CODE_MODEL := $(CACHE)/models/tiny-code
@@ -35,7 +39,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Material for MkDocs prints a banner about its successor on every build
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs docs-check envs run-atropos run-openenv run-smollm2-atropos run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
+.PHONY: docs docs-check envs run-atropos run-openenv run-verifiers run-smollm2-atropos run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -53,7 +57,13 @@ $(ENVS_STAMP): $(ENVS_LOCK)
 	$(ENVS_VENV)/bin/pip install --quiet --no-deps -r $(ENVS_LOCK)
 	@touch $(ENVS_STAMP)
 
-envs: $(ENVS_STAMP)
+$(VF_STAMP): $(VF_LOCK)
+	@echo "==> creating $(VF_VENV) from $(VF_LOCK) (verifiers; first use: about a minute)"
+	@test -x $(VF_VENV)/bin/python || $(PYTHON) -m venv $(VF_VENV)
+	$(VF_VENV)/bin/pip install --quiet --no-deps -r $(VF_LOCK)
+	@touch $(VF_STAMP)
+
+envs: $(ENVS_STAMP) $(VF_STAMP)
 
 # Rebuilt when its recipe or the task data change.
 $(TINY_MODEL)/config.json: grpo_core/model/tiny.py data/arith/train.jsonl | $(STAMP)
@@ -114,6 +124,11 @@ run-atropos: $(STAMP) $(ENVS_STAMP) $(TINY_MODEL)/config.json
 run-openenv: $(STAMP) $(ENVS_STAMP) $(TINY_MODEL)/config.json
 	$(BIN)/grpo train --config configs/tiny-openenv.yaml --set run_name=tiny-openenv-$$(date +%Y%m%d-%H%M%S)
 
+# A verifiers environment drives the run: grpo_outside/verifiers_driver.py (in .venv-verifiers), a client of the run's
+# policy endpoint, runs the rollouts of examples/verifiers/arith_vf.py (a verifiers taskset, its reward) through it.
+run-verifiers: $(STAMP) $(VF_STAMP) $(TINY_MODEL)/config.json
+	$(BIN)/grpo train --config configs/tiny-verifiers.yaml --set run_name=tiny-verifiers-$$(date +%Y%m%d-%H%M%S)
+
 # The same on the real model, a short run (SmolLM2-135M-Instruct, 12 iterations).
 run-smollm2-atropos: $(STAMP) $(ENVS_STAMP) $(SMOLLM2_MODEL)/grpo_build.json
 	$(BIN)/grpo train --config configs/smollm2-atropos.yaml --set run_name=smollm2-atropos-$$(date +%Y%m%d-%H%M%S)
@@ -135,7 +150,7 @@ test-quick: $(STAMP)
 
 # The long end-to-end checks (external servers, kill-and-resume, async overlap): minutes each, on the same workers.
 # CI runs them after `make test`.
-test-e2e: $(STAMP) $(ENVS_STAMP)
+test-e2e: $(STAMP) $(ENVS_STAMP) $(VF_STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m e2e $(PYTEST_ARGS)
 
 # Several hosts for real (as root): network namespaces on a bridge of their own, a Ray cluster across them with the

@@ -162,11 +162,11 @@ def our_imports(path: Path) -> list[str]:
 
 
 def test_outside_programs_import_nothing_of_the_project():
-    """What runs in .venv-envs (the OpenEnv driver, the Atropos and OpenEnv example environments) talks to the run
-    over HTTP only: grpo_core and its dependencies are not installed there."""
+    """What runs in .venv-envs and .venv-verifiers (the OpenEnv and verifiers drivers, the Atropos, OpenEnv and
+    verifiers examples) talks to the run over HTTP only: grpo_core and its dependencies are not installed there."""
     found = {str(f.relative_to(REPO)): our_imports(f) for f in _files("grpo_outside", "examples/atropos",
-                                                                     "examples/openenv")}
-    assert len(found) >= 3 and {f: names for f, names in found.items() if names} == {}
+                                                                     "examples/openenv", "examples/verifiers")}
+    assert len(found) >= 5 and {f: names for f, names in found.items() if names} == {}
 
 
 def test_the_outside_import_check_finds_one(tmp_path):
