@@ -11,8 +11,8 @@ and runs each rollout behind its interception server, which relays every model c
 rollout's sampling carries ``episode_id`` (verifiers passes extra sampling keys into the request body), so the
 endpoint records every call of that rollout as one episode, whatever program the harness runs. Once a rollout is
 scored, ``POST /v1/episodes/<id>/finish`` hands over ``trace.reward`` (the weighted sum of the task's rewards) with
-the group. A rollout that failed (a harness error, a timeout, no reward) is not trained on: its whole group is left
-unfinished and the reason printed.
+the group. A rollout that failed (a harness error, a timeout, no reward) is not trained on: its whole group is
+discarded at the endpoint (``DELETE /v1/episodes/<id>``) and the reason printed.
 
 The runtime is a local subprocess one (verifiers' default is a remote sandbox service). Only non-streamed chat
 completions reach the endpoint: a harness that asks for ``stream: true`` is refused with the reason.
@@ -82,8 +82,12 @@ class Driver:
         episodes = await asyncio.gather(*(rollout(slot, eid) for slot, eid in
                                           zip(self.env.slots(task, self.args.group_size), ids)))
         failed = [(eid, why(ep)) for eid, ep in zip(ids, episodes) if why(ep)]
-        if failed:
-            print(f"{name}: not finished, {len(failed)} rollout(s) failed: {failed}", flush=True)
+        if failed:  # none of the group is trained on: its episodes are dropped, not left open at the endpoint
+            for eid in ids:
+                gone = await http.delete(f"{self.base_url}/episodes/{eid}")
+                if gone.status_code != 404:  # 404: that rollout never reached the policy
+                    gone.raise_for_status()
+            print(f"{name}: discarded, {len(failed)} rollout(s) failed: {failed}", flush=True)
             return []
         rewards = [float(ep.traces[0].reward) for ep in episodes]
         for eid, reward in zip(ids, rewards):

@@ -64,4 +64,5 @@ def close_endpoint(server: EndpointServer) -> None:
     stats = endpoint.recorder.stats
     print(f"policy endpoint closed: {stats.calls} calls, {stats.later_turns} later turns of episodes "
           f"({stats.retokenized_differs} whose text, rendered again, would have given other tokens); "
+          f"{stats.discarded} episode(s) discarded by their clients; "
           + (f"groups left short of their episodes, not trained on: {left}" if left else "no group left short"))

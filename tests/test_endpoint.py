@@ -205,6 +205,26 @@ def test_a_closed_gate_waits_for_the_update_then_refuses_and_a_stopping_run_refu
     assert refused.value.status == 503 and refused.value.code == "run_stopping"
 
 
+def test_an_episode_given_up_is_discarded_not_left_open(served):
+    """A failed rollout's client drops its episode (DELETE /v1/episodes/<id>): it is no longer open, cannot be
+    finished, and a second discard is refused as unknown."""
+    server, _, _ = served
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    answer = httpx.post(f"{server.url}/chat/completions", headers={**auth, "X-Episode-Id": "gone-1"},
+                        json={"messages": [{"role": "user", "content": "What is 2 + 2?"}]}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert "gone-1" in server.endpoint.recorder.open_episodes()
+    dropped = httpx.delete(f"{server.url}/episodes/gone-1", headers=auth, timeout=30)
+    assert dropped.status_code == 200 and dropped.json() == {"episode_id": "gone-1", "discarded": True, "turns": 1}
+    assert "gone-1" not in server.endpoint.recorder.open_episodes()
+    assert server.endpoint.recorder.stats.discarded >= 1
+    again = httpx.delete(f"{server.url}/episodes/gone-1", headers=auth, timeout=30)
+    assert again.status_code == 404 and again.json()["error"]["code"] == "unknown_episode"
+    finish = httpx.post(f"{server.url}/episodes/gone-1/finish", headers=auth, json={"reward": 1.0}, timeout=30)
+    assert finish.status_code == 404
+    assert httpx.delete(f"{server.url}/episodes/gone-1", timeout=30).status_code == 401  # the token, as everywhere
+
+
 def test_an_episode_takes_one_call_at_a_time(served):
     """Two calls on one episode at once, or one planned before the other's answer was recorded, would fork the
     episode the learner trains on: the second is refused (409)."""

@@ -93,6 +93,7 @@ class RecorderStats:
     calls: int = 0
     later_turns: int = 0
     retokenized_differs: int = 0  # later turns whose text, rendered again, is not the recorded tokens
+    discarded: int = 0  # episodes their client gave up (a failed rollout): never trained on
 
 
 class EpisodeRecorder:
@@ -227,6 +228,20 @@ class EpisodeRecorder:
         ep.end = LENGTH if ep.finish_reason == "length" else ANSWERED
         ep.reward = reward
         return FinishedEpisode(episode_id, state.prompt_ids, ep, min(state.versions), list(state.versions), group)
+
+    def discard(self, episode_id: str) -> int:
+        """Drop an open episode that will never be finished (its rollout failed); returns its recorded turns."""
+        with self._lock:
+            if episode_id in self._busy:
+                raise RequestError(f"episode {episode_id!r} has a call in flight", param="episode_id",
+                                   code="episode_busy", status=409)
+            state = self._open.pop(episode_id, None)
+            if state is not None:
+                self.stats.discarded += 1
+        if state is None:
+            raise RequestError(f"no open episode {episode_id!r}", param="episode_id", code="unknown_episode",
+                               status=404)
+        return state.episode.num_turns
 
     def open_episodes(self) -> list[str]:
         with self._lock:

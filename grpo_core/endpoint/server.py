@@ -6,7 +6,8 @@ Each answer carries what a trainer needs besides the text: the sampled token ids
 and the policy version that sampled them (``policy_version``). A call tagged with an episode id (the
 ``X-Episode-Id`` header, or ``episode_id`` in the body: the OpenAI SDK's ``extra_headers`` / ``extra_body``) is
 recorded by the ``EpisodeRecorder``; ``POST /v1/episodes/{id}/finish`` (with the episode's reward) turns it into
-one training sample, handed to the endpoint's sink (in a run: grouped, then written to the inbox).
+one training sample, handed to the endpoint's sink (in a run: grouped, then written to the inbox);
+``DELETE /v1/episodes/{id}`` drops one its client gave up (a failed rollout), so that it is not left open.
 
 127.0.0.1 by default; with a token set, every route but ``/health`` needs ``Authorization: Bearer <token>``. Bad
 requests get OpenAI-style error bodies (``{"error": {"message", "type", "param", "code"}}``). While the policy is
@@ -257,6 +258,10 @@ class PolicyEndpoint:
                 "policy_tokens": sum(ep.mask), "policy_version": done.policy_version, "reward": ep.reward,
                 "group": group, "inbox_item": item}
 
+    def discard(self, episode_id: str) -> dict[str, Any]:
+        """An episode its client gave up (a rollout that failed): dropped, never trained on, no longer open."""
+        return {"episode_id": episode_id, "discarded": True, "turns": self.recorder.discard(episode_id)}
+
     # ----------------------------------------------------------------------------------------------- HTTP
     def authorized(self, headers: dict[str, str]) -> bool:
         token = self.settings.token
@@ -306,6 +311,8 @@ class PolicyEndpoint:
         api.add_api_route("/v1/chat/completions", route(self.chat_completions), methods=["POST"])
         api.add_api_route("/v1/episodes/{episode_id}/finish",
                           route(lambda b, h: self.finish(h["episode_id"], b)), methods=["POST"])
+        api.add_api_route("/v1/episodes/{episode_id}", route(lambda b, h: self.discard(h["episode_id"]),
+                                                             needs_body=False), methods=["DELETE"])
         api.add_api_route("/generate", route(self.generate), methods=["POST"])  # Atropos (server_type: vllm)
         api.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"])
 
