@@ -121,7 +121,9 @@ class Driver:
 def why(episode: Any) -> str | None:
     """Why a rollout cannot be trained on, or None."""
     if not episode.ok:
-        return "; ".join(str(getattr(e, "message", e)) for e in episode.errors) or "not ok"
+        errors = list(episode.errors) + [e for trace in episode.traces for e in trace.errors]
+        stops = [trace.stop_condition for trace in episode.traces if trace.stop_condition]
+        return "; ".join([f"{e.type}: {e.message}"[:300] for e in errors] + stops) or "not ok"
     if len(episode.traces) != 1:
         return f"{len(episode.traces)} traces (one agent, one trace expected)"
     if episode.traces[0].reward is None:

@@ -2,7 +2,8 @@
 envs`) as a client of its policy endpoint; the driver loads examples/verifiers/arith_vf.py by its module name, runs
 each rollout behind verifiers' interception server (which relays the model calls to the endpoint, each tagged with
 the rollout's episode id by its sampling), scores it with the taskset's reward and finishes it into its task's
-group. Every group the run trains on is one of those, with that reward on the tokens the endpoint sampled."""
+group. Every group the run trains on is one of those, with that reward on the tokens the endpoint sampled; a client
+whose rollouts fail has its groups discarded, never trained on."""
 from __future__ import annotations
 
 import re
@@ -28,11 +29,14 @@ def test_a_verifiers_environment_drives_a_run_through_the_endpoint(tiny_model, t
     driver = [str(python), "grpo_outside/verifiers_driver.py", "--base-url", "{endpoint_url}", "--model",
               "{model_name}", "--group-size", "{group_size}", "--taskset", "arith_vf", "--path", "examples/verifiers",
               "--seed", "0", "--tasks", "8"]
+    # A second client whose every rollout fails (it names a model the endpoint does not serve): its groups are
+    # discarded, with the reason in its log, and the run trains on the first one's.
+    failing = [a if a != "{model_name}" else "not-this-run" for a in driver[:-2]] + ["--tasks", "2"]
     cfg = tiny_config(tiny_model, str(tmp_path), run_name="vf", iterations=2, eval__interval=0,
                       rollout__prompts_per_iteration=4, rollout__samples_per_prompt=4, rollout__max_staleness=1,
                       rollout__inbox_max_staleness=2, cluster__placement="split",
                       cluster__sampler_resources={"num_cpus": 0.5},
-                      endpoint={"clients": [driver], "groups_wait_s": 120})
+                      endpoint={"clients": [driver, failing], "groups_wait_s": 120})
     grpo_train(config=cfg)
     store = RunStore(str(tmp_path), "vf")
     assert store.get_json_file("status.json")["state"] == "finished"
@@ -57,3 +61,6 @@ def test_a_verifiers_environment_drives_a_run_through_the_endpoint(tiny_model, t
         assert all(len(e) == 1 for e in episodes.values())  # a group: one task, one driver group name
     log = (tmp_path / "vf" / "clients" / "client0.log").read_text()
     assert "rewards [" in log and "failed" not in log
+    failed = (tmp_path / "vf" / "clients" / "client1.log").read_text()
+    assert failed.count("discarded, 4 rollout(s) failed") == 2 and "model_not_found" in failed
+    assert "rewards [" not in failed
