@@ -81,7 +81,7 @@ class Driver:
 
         episodes = await asyncio.gather(*(rollout(slot, eid) for slot, eid in
                                           zip(self.env.slots(task, self.args.group_size), ids)))
-        failed = [(eid, why(ep)) for eid, ep in zip(ids, episodes) if why(ep)]
+        failed = [(eid, reason) for eid, reason in ((eid, why(ep)) for eid, ep in zip(ids, episodes)) if reason]
         if failed:  # none of the group is trained on: its episodes are dropped, not left open at the endpoint
             for eid in ids:
                 gone = await http.delete(f"{self.base_url}/episodes/{eid}")
