@@ -352,16 +352,15 @@ def start_s3_server(
     key = key or "grpo" + secrets.token_hex(8)
     secret = secret or secrets.token_hex(20)
     write_identities(workdir / "ids.json", key, secret)
-    for start in range(_PORT_RACE_STARTS):
+    for start in range(1, _PORT_RACE_STARTS + 1):
         try:
             server = _start_once(workdir, buckets, key, secret, s3_port, timeout, die_with_parent, weed, host)
+            break
         except _PortTaken:
-            if start + 1 == _PORT_RACE_STARTS:
+            if start == _PORT_RACE_STARTS:
                 raise
-            continue
-        server.start_seconds = time.monotonic() - started
-        return server
-    raise AssertionError("unreachable")
+    server.start_seconds = time.monotonic() - started
+    return server
 
 
 def _start_once(workdir: Path, buckets: tuple[str, ...] | list[str], key: str, secret: str, s3_port: int | None,

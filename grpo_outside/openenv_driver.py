@@ -20,13 +20,13 @@ import importlib.util
 import os
 import random
 import sys
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
 import httpx
+from client_common import group_prefix, wait_to_be_stopped
 from openai import OpenAI
 
 
@@ -53,8 +53,7 @@ class Driver:
         self.base_url = args.base_url.rstrip("/")
         self.client = OpenAI(base_url=self.base_url, api_key=token, max_retries=args.retries, timeout=120)
         self.http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=60, trust_env=False)
-        self.prefix = uuid.uuid4().hex[:8]  # group names unique to this start: a restarted driver never adds to
-        # a group an earlier one left short
+        self.prefix = group_prefix("openenv")
 
     def episode(self, seed: int, group: str, episode_id: str) -> float:
         a = self.args
@@ -82,14 +81,12 @@ class Driver:
         with ThreadPoolExecutor(a.concurrency) as pool:
             task = 0
             while a.tasks is None or task < a.tasks:
-                seed, group = rng.randrange(2**31), f"openenv-{self.prefix}-{task}"
+                seed, group = rng.randrange(2**31), f"{self.prefix}-{task}"
                 futures = [pool.submit(self.episode, seed, group, f"{group}-{i}") for i in range(a.group_size)]
                 rewards = [f.result() for f in futures]
                 print(f"{group}: rewards {rewards}", flush=True)
                 task += 1
-        print(f"played {task} tasks; waiting to be stopped", flush=True)
-        while True:  # a client that exits is started again by the run: one with nothing left to play waits
-            time.sleep(3600)
+        wait_to_be_stopped(task)
 
 
 def main(argv: list[str] | None = None) -> int:

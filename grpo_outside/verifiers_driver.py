@@ -25,12 +25,12 @@ import json
 import os
 import random
 import sys
-import time
 import uuid
 from typing import Any
 
 import httpx
 import verifiers.v1 as vf
+from client_common import group_prefix, wait_to_be_stopped
 from verifiers.v1.runtimes import SubprocessConfig
 
 TOKEN_ENV = "OPENAI_API_KEY"
@@ -62,8 +62,7 @@ class Driver:
         if not self.tasks:
             raise SystemExit(f"taskset {args.taskset!r} has no tasks")
         self.client = vf.EvalClientConfig(base_url=self.base_url, api_key_var=TOKEN_ENV)
-        self.prefix = uuid.uuid4().hex[:8]  # group names unique to this start: a restarted driver never adds to
-        # a group an earlier one left short
+        self.prefix = group_prefix("verifiers")
 
     def context(self, episode_id: str) -> Any:
         """The rollout's model context: its sampling carries the episode id into every call's body."""
@@ -106,7 +105,7 @@ class Driver:
         async def player() -> None:
             nonlocal played
             while a.tasks is None or played < a.tasks:
-                name, task = f"verifiers-{self.prefix}-{played}", rng.choice(self.tasks)
+                name, task = f"{self.prefix}-{played}", rng.choice(self.tasks)
                 played += 1
                 rewards = await self.group(task, name, http, limit)
                 if rewards:
@@ -147,10 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=None, help="the task order's seed (default: random)")
     args = p.parse_args(argv)
     sys.path[:0] = [os.path.abspath(folder) for folder in args.path]
-    played = asyncio.run(Driver(args).run())
-    print(f"played {played} tasks; waiting to be stopped", flush=True)
-    while True:  # a client that exits is started again by the run: one with nothing left to play waits
-        time.sleep(3600)
+    wait_to_be_stopped(asyncio.run(Driver(args).run()))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import re
 import pytest
 
 from grpo_core.storage import RunStore
-from tests.conftest import REPO, tiny_config
+from tests.conftest import REPO
+from tests.outside_clients import client_driven_config, venv_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -21,21 +22,16 @@ def test_an_openenv_environment_drives_a_run_through_the_endpoint(tiny_model, tm
 
     from flows.grpo_train import grpo_train
 
-    python = REPO / ".venv-envs" / "bin" / "python"
-    assert python.exists(), "openenv-core is missing: `make envs` builds .venv-envs (make test-e2e does)"
+    python = venv_python(".venv-envs", "openenv-core")
     monkeypatch.delenv("GRPO_ENDPOINT_TOKEN", raising=False)
     monkeypatch.chdir(REPO)  # the driver's paths
-    driver = [str(python), "grpo_outside/openenv_driver.py", "--base-url", "{endpoint_url}", "--model",
+    driver = [python, "grpo_outside/openenv_driver.py", "--base-url", "{endpoint_url}", "--model",
               "{model_name}", "--group-size", "{group_size}", "--env", "examples/openenv/arith_env.py:make_env",
               "--action", "examples/openenv/arith_env.py:ArithAction", "--seed", "0", "--tasks", "9",
               "--system-prompt", "Please reason step by step, and put your final answer within \\boxed{}."]
-    cfg = tiny_config(tiny_model, str(tmp_path), run_name="openenv", iterations=3, eval__interval=0,
-                      rollout__prompts_per_iteration=4, rollout__samples_per_prompt=4, rollout__max_staleness=1,
-                      rollout__inbox_max_staleness=2, cluster__placement="split",
-                      cluster__sampler_resources={"num_cpus": 0.5},
-                      # long enough for the driver's start (its imports alone take seconds on a busy machine), the
-                      # last iteration's wait in vain
-                      endpoint={"clients": [driver], "groups_wait_s": 30})
+    # the wait: long enough for the driver's start (its imports alone take seconds on a busy machine), the last
+    # iteration's wait in vain
+    cfg = client_driven_config(tiny_model, tmp_path, "openenv", [driver], iterations=3, groups_wait_s=30)
     grpo_train(config=cfg)
     store = RunStore(str(tmp_path), "openenv")
     assert store.get_json_file("status.json")["state"] == "finished"

@@ -11,7 +11,8 @@ import re
 import pytest
 
 from grpo_core.storage import RunStore
-from tests.conftest import REPO, tiny_config
+from tests.conftest import REPO
+from tests.outside_clients import client_driven_config, venv_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -22,21 +23,16 @@ def test_a_verifiers_environment_drives_a_run_through_the_endpoint(tiny_model, t
 
     from flows.grpo_train import grpo_train
 
-    python = REPO / ".venv-verifiers" / "bin" / "python"
-    assert python.exists(), "verifiers is missing: `make envs` builds .venv-verifiers (make test-e2e does)"
+    python = venv_python(".venv-verifiers", "verifiers")
     monkeypatch.delenv("GRPO_ENDPOINT_TOKEN", raising=False)
     monkeypatch.chdir(REPO)  # the driver's paths
-    driver = [str(python), "grpo_outside/verifiers_driver.py", "--base-url", "{endpoint_url}", "--model",
+    driver = [python, "grpo_outside/verifiers_driver.py", "--base-url", "{endpoint_url}", "--model",
               "{model_name}", "--group-size", "{group_size}", "--taskset", "arith_vf", "--path", "examples/verifiers",
               "--seed", "0", "--tasks", "8"]
     # A second client whose every rollout fails (it names a model the endpoint does not serve): its groups are
     # discarded, with the reason in its log, and the run trains on the first one's.
     failing = [a if a != "{model_name}" else "not-this-run" for a in driver[:-2]] + ["--tasks", "2"]
-    cfg = tiny_config(tiny_model, str(tmp_path), run_name="vf", iterations=2, eval__interval=0,
-                      rollout__prompts_per_iteration=4, rollout__samples_per_prompt=4, rollout__max_staleness=1,
-                      rollout__inbox_max_staleness=2, cluster__placement="split",
-                      cluster__sampler_resources={"num_cpus": 0.5},
-                      endpoint={"clients": [driver, failing], "groups_wait_s": 120})
+    cfg = client_driven_config(tiny_model, tmp_path, "vf", [driver, failing], iterations=2, groups_wait_s=120)
     grpo_train(config=cfg)
     store = RunStore(str(tmp_path), "vf")
     assert store.get_json_file("status.json")["state"] == "finished"

@@ -96,6 +96,10 @@ class RecorderStats:
     discarded: int = 0  # episodes their client gave up (a failed rollout): never trained on
 
 
+def _unknown(episode_id: str) -> RequestError:
+    return RequestError(f"no open episode {episode_id!r}", param="episode_id", code="unknown_episode", status=404)
+
+
 class EpisodeRecorder:
     """Episodes in progress, by id. Thread-safe: the endpoint serves calls concurrently."""
 
@@ -222,8 +226,7 @@ class EpisodeRecorder:
         with self._lock:
             state = self._open.pop(episode_id, None)
         if state is None:
-            raise RequestError(f"no open episode {episode_id!r}", param="episode_id", code="unknown_episode",
-                               status=404)
+            raise _unknown(episode_id)
         ep = state.episode
         ep.end = LENGTH if ep.finish_reason == "length" else ANSWERED
         ep.reward = reward
@@ -239,8 +242,7 @@ class EpisodeRecorder:
             if state is not None:
                 self.stats.discarded += 1
         if state is None:
-            raise RequestError(f"no open episode {episode_id!r}", param="episode_id", code="unknown_episode",
-                               status=404)
+            raise _unknown(episode_id)
         return state.episode.num_turns
 
     def open_episodes(self) -> list[str]:
