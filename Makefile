@@ -39,7 +39,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Material for MkDocs prints a banner about its successor on every build
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs docs-check envs run-atropos run-openenv run-verifiers run-smollm2-atropos run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
+.PHONY: docs docs-check envs run-sft run-atropos run-openenv run-verifiers run-smollm2-atropos run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -132,6 +132,12 @@ run-verifiers: $(STAMP) $(VF_STAMP) $(TINY_MODEL)/config.json
 # The same on the real model, a short run (SmolLM2-135M-Instruct, 12 iterations).
 run-smollm2-atropos: $(STAMP) $(ENVS_STAMP) $(SMOLLM2_MODEL)/grpo_build.json
 	$(BIN)/grpo train --config configs/smollm2-atropos.yaml --set run_name=smollm2-atropos-$$(date +%Y%m%d-%H%M%S)
+
+# SFT then RL on the real model (the grpo-sft-rl flow, two subflows): SmolLM2-135M-Instruct fine-tuned on worked
+# answers, evaluated zero-shot, then GRPO from the SFT run's policy without a worked example in the prompt.
+run-sft: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json
+	stamp=$$(date +%Y%m%d-%H%M%S); $(BIN)/grpo sft-rl --sft configs/smollm2-sft.yaml --rl configs/smollm2-sft-rl.yaml \
+		--set-sft run_name=smollm2-sft-$$stamp --set-rl run_name=smollm2-sft-rl-$$stamp
 
 # GRPO on the real model: SmolLM2-135M-Instruct learns two-digit + one-digit addition in its own chat template.
 run-smollm2: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json

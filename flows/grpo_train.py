@@ -27,7 +27,8 @@ from rich.console import Console
 
 from grpo_core.cluster.engines import EngineLost, Engines
 from grpo_core.cluster.reward_models import RewardModels
-from grpo_core.config import GRPOConfig, build_config, check_model_folder, load_config
+from grpo_core.config import ConfigError, GRPOConfig, build_config, check_model_folder, load_config
+from grpo_core.data.chat import ConversationTokenizer, end_of_turn_ids
 from grpo_core.metric_sinks import MetricSinks
 from grpo_core.pipeline.evaluation import EvalScorers, load_eval_sets
 from grpo_core.pipeline.prompts import PromptStream, PromptTokenizer
@@ -39,6 +40,7 @@ from grpo_core.storage import RunStore
 from tasks.checkpoint import begin_checkpoint, commit_checkpoint, restore, save_final
 from tasks.console import RunConsole
 from tasks.context import Opaque, RunContext
+from tasks.conversations import conversations
 from tasks.endpoint import close_endpoint, open_endpoint, paused
 from tasks.evaluate import evaluate
 from tasks.inbox import take_inbox
@@ -71,7 +73,7 @@ class _Stages:
         self.prepare_run, self.resolve_inputs = stage(prepare_run), stage(resolve_inputs)
         self.take_inbox, self.rollout, self.score, self.assemble = \
             stage(take_inbox), stage(rollout), stage(score), stage(assemble)
-        self.fill_inbox = stage(fill_inbox)
+        self.fill_inbox, self.conversations = stage(fill_inbox), stage(conversations)
         self.train, self.sync, self.evaluate = stage(train), stage(sync), stage(evaluate)
         self.begin_checkpoint, self.commit_checkpoint = stage(begin_checkpoint), stage(commit_checkpoint)
         self.latest_checkpoint, self.restore, self.save_final = \
@@ -86,8 +88,12 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: d
 
     d = cfg.data
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    encoder = PromptTokenizer(tokenizer, cfg.reward.type, d.system_prompt, d.max_prompt_tokens,
-                              [t.model_dump() for t in d.few_shot])
+    if cfg.sft is not None:  # SFT: conversations, the loss on their assistant turns
+        encoder = ConversationTokenizer(tokenizer, cfg.reward.type, d.system_prompt, cfg.sft.max_tokens,
+                                        end_of_turn_ids(cfg.model.path, tokenizer))
+    else:
+        encoder = PromptTokenizer(tokenizer, cfg.reward.type, d.system_prompt, d.max_prompt_tokens,
+                                  [t.model_dump() for t in d.few_shot])
     read = dict(format=d.format, prompt_key=d.prompt_key, answer_key=d.answer_key, on_bad_row=d.on_bad_row,
                 storage_options=cfg.storage.options or None)
     train_parts = read_prompt_files(files["train"], **read)
@@ -174,6 +180,19 @@ def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
     return _Batch(rollouts, sc, inside, time.perf_counter() - t0, stamps, taken or InboxResult(), filled)
 
 
+def _collect_conversations(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
+    """SFT: the iteration's conversations are its batch; nothing is sampled or scored."""
+    t0, stamps = time.perf_counter(), {"rollout_started_at": ctx.clock()}
+    rollout, scored = stages.conversations(ctx, iteration)
+    stamps["rollout_ended_at"] = stamps["score_started_at"] = stamps["score_ended_at"] = ctx.clock()
+    return _Batch([rollout], scored, 0.0, time.perf_counter() - t0, stamps, InboxResult())
+
+
+def _collector(cfg: GRPOConfig):
+    """How a run collects an iteration's batch: sampled and scored (RL), or its conversations (SFT)."""
+    return _collect_conversations if cfg.sft is not None else _collect_batch
+
+
 def _run_start_time():
     """What a run-name template's {date} and {time} mean: the flow run's scheduled start (UTC), which a Prefect
     retry of the same flow run keeps, so the retry resumes the same run folder."""
@@ -184,7 +203,8 @@ def _run_start_time():
     return flow_run.scheduled_start_time.astimezone(timezone.utc)
 
 
-def _config_of(config: dict | None, config_path: str | None, overrides: list[str] | None) -> GRPOConfig:
+def flow_config(config: dict | None, config_path: str | None, overrides: list[str] | None) -> GRPOConfig:
+    """A flow's config from its parameters, run-name templates expanded with the flow run's start time."""
     now = _run_start_time()
     return build_config(config, "<flow parameter>", now) if config is not None \
         else load_config(config_path, overrides, now=now)
@@ -198,7 +218,7 @@ def _flow_run_name() -> str:
 
     p = flow_run.parameters
     try:
-        cfg = _config_of(p.get("config"), p.get("config_path"), p.get("overrides"))
+        cfg = flow_config(p.get("config"), p.get("config_path"), p.get("overrides"))
     except ConfigError:
         return "grpo-train-invalid-config"  # the flow itself then fails with the config error
     return cfg.run_name
@@ -209,13 +229,34 @@ def grpo_train(config_path: str | None = None, overrides: list[str] | None = Non
                config: dict | None = None) -> dict[str, Any]:
     """Train a policy with GRPO-family RL. Give a YAML path (+ `key=value` overrides) or a config dict.
     A run name whose folder exists is resumed from its latest checkpoint."""
-    cfg = _config_of(config, config_path, overrides)
+    cfg = flow_config(config, config_path, overrides)
+    if cfg.sft is not None:
+        raise ConfigError(f"run {cfg.run_name}: the config sets sft (supervised fine-tuning): run it with `grpo sft` "
+                          f"(the grpo-sft flow)")
+    return asdict(_run_flow(cfg))
+
+
+@flow(name="grpo-sft", flow_run_name=_flow_run_name, log_prints=True)
+def grpo_sft(config_path: str | None = None, overrides: list[str] | None = None,
+             config: dict | None = None) -> dict[str, Any]:
+    """Supervised fine-tuning on conversations (the config's sft section, data.format chat): the loss on the
+    assistant turns, in the learner, run folder, checkpoints, resume and evaluation of RL runs. Give a YAML path
+    (+ `key=value` overrides) or a config dict. A run name whose folder exists is resumed from its latest
+    checkpoint."""
+    cfg = flow_config(config, config_path, overrides)
+    if cfg.sft is None:
+        raise ConfigError(f"run {cfg.run_name}: grpo-sft needs a config with sft set (and data.format: chat); an RL "
+                          f"config runs with `grpo train`")
+    return asdict(_run_flow(cfg))
+
+
+def _run_flow(cfg: GRPOConfig) -> "RunOutcome":
     check_model_folder(cfg)
     store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
     _tag_flow_run(cfg)
     terminal = Console()
     with run_logging(cfg, store, terminal):
-        return asdict(_run(cfg, store, terminal))
+        return _run(cfg, store, terminal)
 
 
 @dataclass(frozen=True)
@@ -267,11 +308,11 @@ def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> RunOutcome:
 
 
 def run_tags(cfg: GRPOConfig) -> list[str]:
-    """Tags that make runs findable in the UI's filters: algorithm, model, placement (and LoRA)."""
+    """Tags that make runs findable in the UI's filters: objective, model, placement, the RL preset (and LoRA)."""
     import os
 
-    tags = [f"preset:{cfg.algo.preset}", f"model:{os.path.basename(os.path.normpath(cfg.model.path))}",
-            f"placement:{cfg.cluster.placement}"]
+    tags = [f"objective:{cfg.objective}", f"model:{os.path.basename(os.path.normpath(cfg.model.path))}",
+            f"placement:{cfg.cluster.placement}"] + ([f"preset:{cfg.algo.preset}"] if cfg.sft is None else [])
     return tags + (["lora"] if cfg.model.lora is not None else [])
 
 
@@ -388,10 +429,14 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
     row and evaluation also goes to the run's artifacts in the Prefect UI (``console``)."""
     cfg, store = ctx.cfg, ctx.store
     window = cfg.window  # the async rule: what is collected when, which rows may train
+    collect = _collector(cfg)
     do_eval = bool(ctx.eval_sets) and cfg.eval.interval > 0
     last_eval: EvalResult | None = None
     batches: dict[int, _Batch] = {}  # collected, not yet trained on (async: up to s ahead)
-    with Progress(cfg.iterations, console=terminal, completed=start) as progress:
+    from prefect.runtime import flow_run
+
+    with Progress(cfg.iterations, console=terminal, completed=start, label=flow_run.flow_name or "grpo-train") \
+            as progress:
         for it in range(start, cfg.iterations):
             t0 = time.perf_counter()
             wanted = requested_samplers(store) if cfg.placement.scale_refusal() is None else None
@@ -408,7 +453,7 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
             t1 = time.perf_counter()
             serial = 0.0
             for j in window.collect_before_training(it, collected=set(batches)):
-                batches[j] = _collect_batch(ctx, stages, j)
+                batches[j] = collect(ctx, stages, j)
                 serial += batches[j].inside
             batch = batches.pop(it)
             _poll_checkpoint(ctx, stages)
@@ -419,7 +464,7 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
             else:  # async: the rollout of iteration it + s runs while this one trains
                 training = stages.train.submit(ctx, it)
                 try:
-                    batches[ahead] = _collect_batch(ctx, stages, ahead)
+                    batches[ahead] = collect(ctx, stages, ahead)
                 finally:
                     training.wait()
                 tr = training.result()

@@ -1,4 +1,5 @@
-"""`grpo` entry point: ``grpo_core.cli``'s commands plus `grpo train`, which runs the grpo-train flow."""
+"""`grpo` entry point: ``grpo_core.cli``'s commands plus `grpo train` and `grpo sft`, which run the grpo-train and
+grpo-sft flows."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,20 @@ from grpo_core import cli as core_cli
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    """`grpo train`: the grpo-train flow (RL)."""
+    from flows.grpo_train import grpo_train
+
+    return _run_flow_command(args, grpo_train)
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    """`grpo sft`: the grpo-sft flow (supervised fine-tuning on conversations)."""
+    from flows.grpo_train import grpo_sft
+
+    return _run_flow_command(args, grpo_sft)
+
+
+def _run_flow_command(args: argparse.Namespace, flow) -> int:
     from grpo_core.config import RESUME_SAFE_FIELDS, check_model_folder, load_config, upgrade_stored_config
     from grpo_core.storage import RunStore
 
@@ -18,22 +33,48 @@ def _cmd_train(args: argparse.Namespace) -> int:
     store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
     if store.read_config() is not None:  # a resume: refuse a changed config before anything starts
         store.check_config(cfg.recorded(), may_change=RESUME_SAFE_FIELDS, upgrade=upgrade_stored_config)
-    from flows.grpo_train import grpo_train
-
     # A templated run_name ({date}, {time}) is expanded once, here: the flow gets the name itself.
-    result = grpo_train(config_path=args.config, overrides=[*args.set, f"run_name={cfg.run_name}"])
+    result = flow(config_path=args.config, overrides=[*args.set, f"run_name={cfg.run_name}"])
+    return 0 if result else 1
+
+
+def _cmd_sft_rl(args: argparse.Namespace) -> int:
+    """`grpo sft-rl`: the grpo-sft-rl flow (SFT, then RL from its final policy, as two subflows)."""
+    from grpo_core.config import check_model_folder, load_config
+
+    for path, overrides in ((args.sft, args.set_sft), (args.rl, args.set_rl)):
+        check_model_folder(load_config(path, overrides))  # fail fast, before Prefect and Ray start
+    from flows.grpo_sft_rl import grpo_sft_rl
+
+    result = grpo_sft_rl(sft_config_path=args.sft, rl_config_path=args.rl, sft_overrides=args.set_sft,
+                         rl_overrides=args.set_rl)
     return 0 if result else 1
 
 
 def _add_flow_commands(sub) -> None:
-    p = sub.add_parser("train", help="run the grpo-train flow locally (Prefect ephemeral API, local Ray)")
+    for name, flow, what, command in (
+            ("train", "grpo-train", "RL", _cmd_train),
+            ("sft", "grpo-sft", "supervised fine-tuning on conversations: a config with sft set", _cmd_sft)):
+        _add_flow_command(sub, name, flow, what, command)
+    p = sub.add_parser("sft-rl", help="run the grpo-sft-rl flow locally: SFT, then RL from its final policy (two "
+                                      "subflows of one flow run)")
+    p.add_argument("--sft", required=True, help="the SFT stage's YAML config (sft set, data.format: chat)")
+    p.add_argument("--rl", required=True, help="the RL stage's YAML config (its model.init_from becomes the SFT run)")
+    for stage in ("sft", "rl"):
+        p.add_argument(f"--set-{stage}", action="append", default=[], metavar="KEY=VALUE",
+                       help=f"override a field of the {stage.upper()} config (repeatable)")
+    p.set_defaults(func=_cmd_sft_rl)
+
+
+def _add_flow_command(sub, name: str, flow: str, what: str, command) -> None:
+    p = sub.add_parser(name, help=f"run the {flow} flow locally ({what}; Prefect ephemeral API, local Ray)")
     p.add_argument("--config", required=True, help="YAML config file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set rollout.temperature=0.7 (repeatable)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show the libraries' log lines (vLLM, DeepSpeed, Ray) on the terminal too; without it they "
                         "go to logs/ in the run folder (sets logging.verbose)")
-    p.set_defaults(func=_cmd_train)
+    p.set_defaults(func=command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,6 +36,7 @@ from grpo_core.config_sections import (  # the sections, re-exported: import the
     RewardConfig,
     RoleResources,
     RolloutConfig,
+    SFTConfig,
     StorageConfig,
     TrainConfig,
     WeightsConfig,
@@ -95,6 +96,9 @@ class GRPOConfig(_Section):
                                                                            "and the scorer")
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="the RL algorithm: advantages, loss, KL, "
                                                                      "filters, off-policy correction")
+    sft: SFTConfig | None = Field(
+        default=None, description="supervised fine-tuning instead of RL: each iteration trains on conversations of "
+                                  "data.train_path (data.format: chat), the loss on their assistant turns (None: RL)")
     train: TrainConfig = Field(default_factory=TrainConfig, description="the optimizer and the learner's batches")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="placement of samplers and learners "
                                                                               "on Ray")
@@ -106,8 +110,22 @@ class GRPOConfig(_Section):
 
     # Derived batch arithmetic: computed here once, never re-derived elsewhere.
     @property
+    def objective(self) -> str:
+        """What the learner minimises (``grpo_core.algo.objective.OBJECTIVES``): ``sft`` on an SFT run's
+        conversations, else the policy gradient on sampled groups."""
+        return "sft" if self.sft is not None else "policy_gradient"
+
+    @property
+    def learner_temperature(self) -> float:
+        """What the learner divides the logits by: the sampling temperature, so that its logprobs are those of the
+        policy that sampled (RL); 1 for SFT, whose loss is the data's likelihood under the model itself."""
+        return 1.0 if self.sft is not None else self.rollout.temperature
+
+    @property
     def batch_size(self) -> int:
-        """Sequences per iteration: prompts x samples."""
+        """Sequences per iteration: prompts x samples (SFT: conversations)."""
+        if self.sft is not None:
+            return self.sft.conversations_per_iteration
         return self.rollout.prompts_per_iteration * self.rollout.samples_per_prompt
 
     @property
@@ -221,9 +239,10 @@ class GRPOConfig(_Section):
         mini = self.mini_batch_size
         if n % mini:
             raise ValueError(
-                f"train.mini_batch_size={mini} must divide the batch: rollout.prompts_per_iteration x "
-                f"rollout.samples_per_prompt = {self.rollout.prompts_per_iteration} x "
-                f"{self.rollout.samples_per_prompt} = {n}")
+                f"train.mini_batch_size={mini} must divide the batch: " + (
+                    f"sft.conversations_per_iteration = {n}" if self.sft is not None else
+                    f"rollout.prompts_per_iteration x rollout.samples_per_prompt = "
+                    f"{self.rollout.prompts_per_iteration} x {self.rollout.samples_per_prompt} = {n}"))
         learners = self.cluster.learners
         if mini % learners:
             raise ValueError(
@@ -233,14 +252,16 @@ class GRPOConfig(_Section):
             raise ValueError(
                 f"train.micro_batch_size={self.train.micro_batch_size} must divide each learner rank's share of "
                 f"the mini-batch ({mini} sequences / cluster.learners={learners} = {self.rank_batch_size})")
-        if self.rollout.samples_per_prompt < 2:
+        if self.sft is None and self.rollout.samples_per_prompt < 2:
             raise ValueError("rollout.samples_per_prompt must be >= 2: group-relative advantages need a group")
-        budget, longest = self.train.max_tokens_per_microbatch, self.data.max_prompt_tokens + \
-            self.rollout.max_new_tokens
+        self._check_sft()
+        budget = self.train.max_tokens_per_microbatch
+        longest, what = (self.sft.max_tokens, f"sft.max_tokens = {self.sft.max_tokens}") if self.sft is not None \
+            else (self.data.max_prompt_tokens + self.rollout.max_new_tokens,
+                  f"data.max_prompt_tokens + rollout.max_new_tokens = {self.data.max_prompt_tokens} + "
+                  f"{self.rollout.max_new_tokens} = {self.data.max_prompt_tokens + self.rollout.max_new_tokens}")
         if budget is not None and budget < longest:
-            raise ValueError(f"train.max_tokens_per_microbatch={budget} cannot hold the longest row: "
-                             f"data.max_prompt_tokens + rollout.max_new_tokens = {self.data.max_prompt_tokens} + "
-                             f"{self.rollout.max_new_tokens} = {longest}")
+            raise ValueError(f"train.max_tokens_per_microbatch={budget} cannot hold the longest row: {what}")
         if self.algo.soft_overlong and self.algo.soft_overlong_cache_length >= self.rollout.max_new_tokens:
             raise ValueError(
                 f"algo.soft_overlong_cache_length={self.algo.soft_overlong_cache_length} must be smaller than "
@@ -278,6 +299,30 @@ class GRPOConfig(_Section):
         """Every group comes from outside (an Atropos API server, or the endpoint's clients): the run samples no
         prompt of its own."""
         return self.atropos is not None or (self.endpoint is not None and bool(self.endpoint.clients))
+
+    def _check_sft(self) -> None:
+        """An SFT run trains on conversations from its data (data.format chat, and only then), synchronously, on
+        nothing sampled: what needs sampled groups, rewards on them or a second source of rows is refused."""
+        chat = self.data.format == "chat"
+        if self.sft is None:
+            if chat:
+                raise ValueError("data.format=chat holds conversations to fine-tune on: set sft (e.g. sft: {}) for "
+                                 "an SFT run, or use format math/code for RL prompts")
+            return
+        if not chat:
+            raise ValueError(f"sft is set: data.train_path must hold conversations (data.format: chat), got "
+                             f"data.format={self.data.format}")
+        refused = [(self.env is not None, "env"), (self.endpoint is not None, "endpoint"),
+                   (self.atropos is not None, "atropos"), (self.algo.filter_groups, "algo.filter_groups"),
+                   (self.data.sampler != "epoch", f"data.sampler={self.data.sampler}"),
+                   (self.rollout.max_staleness > 0, "rollout.max_staleness > 0"),
+                   (bool(self.data.few_shot), "data.few_shot"), (self.algo.kl_coeff > 0, "algo.kl_coeff > 0"),
+                   (self.train.ppo_epochs > 1, "train.ppo_epochs > 1"),
+                   (self.data.eval_path is not None, "data.eval_path (list eval sets under eval.datasets)")]
+        named = [name for bad, name in refused if bad]
+        if named:
+            raise ValueError(f"sft is set (supervised fine-tuning on conversations): {', '.join(named)} belong to RL "
+                             f"runs; remove them")
 
     def _check_lora(self) -> None:
         """LoRA trains a small adapter on a frozen base: ZeRO-3 would partition the base (unsupported here). Which

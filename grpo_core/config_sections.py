@@ -87,9 +87,11 @@ class DataConfig(_Section):
                             "or a glob; folders and globs take the files present when the run starts "
                             "(recorded in data_files.json, which a resume reuses)")
     eval_path: str | None = Field(default=None, description="same forms as train_path")
-    format: Literal["math", "code"] = Field(
+    format: Literal["math", "code", "chat"] = Field(
         default="math", description="math: a prompt and a gold answer per row; code: a prompt and test_cases "
-                                    "({inputs: [...], outputs: [...]}) per row, scored in the sandbox")
+                                    "({inputs: [...], outputs: [...]}) per row, scored in the sandbox; chat (SFT "
+                                    "runs, with sft set): a conversation per row whose assistant turns are trained "
+                                    "on")
     prompt_key: str = Field(default="messages", description="the column holding the prompt: chat messages or a "
                                                             "string")
     answer_key: str = Field(default="gt_answer", description="the column holding the gold answer (math format; "
@@ -124,6 +126,16 @@ class DataConfig(_Section):
     def _few_shot_pairs(self) -> "DataConfig":
         _check_few_shot(self.few_shot, "data.few_shot")
         return self
+
+
+class SFTConfig(_Section):
+    """Supervised fine-tuning: every iteration trains on the next conversations of data.train_path (data.format:
+    chat) with the loss on their assistant turns only, in the same learner, run folder, checkpoints and evaluation
+    as RL; nothing is sampled but the evaluations."""
+    conversations_per_iteration: int = Field(default=16, ge=1, description="the batch: conversations per "
+                                             "iteration (train.mini_batch_size splits it into optimizer steps)")
+    max_tokens: int = Field(default=1024, ge=8, description="the longest conversation in tokens (system prompt "
+                            "included); a longer one is an error naming its file and row")
 
 
 class RolloutConfig(_Section):

@@ -5,7 +5,7 @@ went up and where the time went, without opening a notebook. Everything here rea
 ``metrics.parquet`` table (one row per iteration) and returns data (PNG bytes, strings, a rich
 Table); writing it somewhere is the caller's job (``RunStore.put_bytes``).
 
-Column conventions: ``iteration``, ``reward_mean``, ``eval_accuracy`` (null on iterations
+Column conventions: ``iteration``, ``reward_mean`` (or ``nll`` in SFT runs), ``eval_accuracy`` (null on iterations
 without an evaluation), ``time_<stage>_s`` (seconds spent in a stage), and optionally
 ``time_total_s`` (wall time of the whole iteration; otherwise the stage times are summed).
 """
@@ -21,6 +21,31 @@ import pyarrow as pa
 
 _STAGE_TIME = re.compile(r"^time_(.+)_s$")
 _TOTAL_TIME = "time_total_s"
+# What an iteration's training signal is: the mean reward of its groups (RL), or the negative log-likelihood of its
+# conversations' assistant turns (SFT, where nothing is rewarded). The first that a table or row holds is shown.
+HEADLINES = (("reward_mean", "reward"), ("nll", "nll"))
+
+
+def is_trained_row(row: dict) -> bool:
+    """A metrics row of an iteration that trained (not the final evaluation-only row): it has a loss, or a reward
+    (RL)."""
+    return row.get("loss") is not None or row.get("reward_mean") is not None
+
+
+def headline(row: dict) -> tuple[str, float | None]:
+    """(label, value) of the row's training signal (``HEADLINES``); ("reward", None) when it has none."""
+    for column, label in HEADLINES:
+        if row.get(column) is not None:
+            return label, row[column]
+    return "reward", None
+
+
+def headline_column(metrics: pa.Table) -> tuple[str, str]:
+    """(column, label) of the table's training signal: the first of ``HEADLINES`` with a recorded value."""
+    for column, label in HEADLINES:
+        if _points(metrics, column)[0]:
+            return column, label
+    return HEADLINES[0]
 
 
 def _points(metrics: pa.Table, column: str) -> tuple[list[int], list[float]]:
@@ -51,13 +76,15 @@ def plot_curves(metrics: pa.Table, title: str = "GRPO training curves") -> bytes
     ax_reward, ax_eval = fig.subplots(2, 1, sharex=True)
     fig.suptitle(title)
 
-    its, rewards = _points(metrics, "reward_mean")
+    column, label = headline_column(metrics)
+    its, rewards = _points(metrics, column)
     if its:
         ax_reward.plot(its, rewards, marker="o", markersize=3, linewidth=1.5, color="tab:blue")
     else:
-        ax_reward.text(0.5, 0.5, "no reward_mean recorded", ha="center", va="center", transform=ax_reward.transAxes)
-    ax_reward.set_ylabel("reward_mean")
-    ax_reward.set_title("mean reward per iteration", fontsize=10)
+        ax_reward.text(0.5, 0.5, f"no {column} recorded", ha="center", va="center", transform=ax_reward.transAxes)
+    ax_reward.set_ylabel(column)
+    ax_reward.set_title("mean reward per iteration" if label == "reward" else
+                        "negative log-likelihood per assistant token", fontsize=10)
     ax_reward.grid(True, alpha=0.3)
 
     its, accs = _points(metrics, "eval_accuracy")
@@ -148,7 +175,8 @@ def summary_lines(metrics: pa.Table) -> list[str]:
         return ["iterations: 0"]
     lines = [f"iterations: {len(iterations)} ({min(iterations)}..{max(iterations)})"]
     lines.append(_first_last(metrics, "eval_accuracy", "eval accuracy"))
-    lines.append(_first_last(metrics, "reward_mean", "reward mean"))
+    column, label = headline_column(metrics)
+    lines.append(_first_last(metrics, column, "reward mean" if label == "reward" else label))
 
     stage_means = []
     stage_total = 0.0

@@ -17,6 +17,7 @@ from typing import Any
 import fsspec
 
 from grpo_core import checkpoint
+from grpo_core.report import is_trained_row
 from grpo_core.storage import CONFIG, RunStore
 
 STATUS = "status.json"
@@ -113,7 +114,7 @@ def summarize(store: RunStore) -> RunSummary:
     status = read_status(store)
     config = store.read_config() or {}
     metrics = store.read_metrics().to_pylist()
-    trained = [r for r in metrics if r.get("reward_mean") is not None]
+    trained = [r for r in metrics if is_trained_row(r)]
     evals = [r for r in metrics if r.get("eval_accuracy") is not None]
     ref = checkpoint.latest(store)
     return RunSummary(

@@ -77,6 +77,9 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
         ("computed_tokens_frac", "positions the learner's decoder computed / every trained row's prompt + response "
                                  "tokens: below 1 where packed rows hold each group's prompt once, above 1 with "
                                  "padding"),
+        ("nll", "SFT runs: the negative log-likelihood per assistant token of the iteration's conversations, before "
+                "the update (mean over its micro-batches); the loss of an SFT run is the same quantity, averaged "
+                "over every assistant token of each mini-batch"),
         ("clipfrac", "share of response tokens whose ratio was clipped"),
         ("clipfrac_low", "share clipped below 1 - algo.clip_eps_low"),
         ("clipfrac_high", "share clipped above 1 + algo.clip_eps_high"),

@@ -144,7 +144,7 @@ class ScoreResult:
 
 
 # Learner metrics that only some algorithms produce; the row has a column for each (None where absent).
-ALGORITHM_METRICS = ("clipfrac", "clipfrac_low", "clipfrac_high", "approx_kl", "kl_ref", "entropy",
+ALGORITHM_METRICS = ("nll", "clipfrac", "clipfrac_low", "clipfrac_high", "approx_kl", "kl_ref", "entropy",
                      "mismatch_abs_logp_mean", "mismatch_abs_logp_max", "offpolicy_weight_mean",
                      "offpolicy_masked_frac", "offpolicy_capped_frac")
 

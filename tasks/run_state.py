@@ -16,6 +16,7 @@ from grpo_core.checkpoint import CheckpointRef
 from grpo_core.config import RESUME_SAFE_FIELDS, ConfigError, GRPOConfig, upgrade_stored_config
 from grpo_core.data import files as data_files
 from grpo_core.pipeline.evaluation import eval_files_key
+from grpo_core.report import is_trained_row
 from grpo_core.results import Scaled
 from grpo_core.runs import FINAL_MANIFEST, RunStatus, read_status
 from grpo_core.storage import RunStore
@@ -104,7 +105,7 @@ def _record_run_name() -> str:
 def record(store: RunStore, status: RunStatus, row: dict[str, Any]) -> None:
     """Append an iteration's metrics row (replacing one for the same iteration) and the heartbeat."""
     store.append_metrics(row)
-    if row.get("reward_mean") is not None:
+    if is_trained_row(row):
         status.iteration = row["iteration"]
     status.write(store)
 

@@ -381,3 +381,25 @@ def test_dtype_auto_resolves_by_the_device_and_the_logprob_bound_is_opt_in():
     assert build_config(_tree(weights={"check_tolerance": 0.5})).weights.check_tolerance == 0.5
     with pytest.raises(ConfigError, match="weights.check_tolerance"):
         build_config(_tree(weights={"check_tolerance": 0}))
+
+
+def test_an_sft_config_trains_on_conversations_and_refuses_what_belongs_to_rl():
+    sft = {"data": {"format": "chat"}, "sft": {"conversations_per_iteration": 6}}
+    cfg = build_config(_tree(**sft, rollout={"samples_per_prompt": 1, "temperature": 0.7},
+                             train={"mini_batch_size": 3, "micro_batch_size": 3}))
+    assert cfg.objective == "sft" and cfg.batch_size == 6 and cfg.optimizer_steps_per_iteration == 2
+    assert cfg.learner_temperature == 1.0  # the data's likelihood, whatever the sampling temperature
+    assert build_config(_tree(rollout={"temperature": 0.7})).learner_temperature == 0.7
+    assert build_config(BASE).objective == "policy_gradient"
+    with pytest.raises(ConfigError, match="data.format=chat holds conversations to fine-tune on: set sft"):
+        build_config(_tree(data={"format": "chat"}))
+    with pytest.raises(ConfigError, match="must hold conversations \\(data.format: chat\\)"):
+        build_config(_tree(sft={}))
+    with pytest.raises(ConfigError, match="env, algo.filter_groups, data.few_shot belong to RL runs"):
+        build_config(_tree(sft={}, env={}, algo={"filter_groups": True},
+                           data={"format": "chat", "few_shot": [{"role": "user", "content": "q"},
+                                                                {"role": "assistant", "content": "a"}]}))
+    with pytest.raises(ConfigError, match="must divide the batch: sft.conversations_per_iteration = 6"):
+        build_config(_tree(**sft, train={"mini_batch_size": 4}))
+    with pytest.raises(ConfigError, match="cannot hold the longest row: sft.max_tokens = 1024"):
+        build_config(_tree(**sft, train={"max_tokens_per_microbatch": 512}))

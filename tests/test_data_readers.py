@@ -135,3 +135,17 @@ def test_chat_messages_system_prompt_rules():
     assert "```python" in DEFAULT_SYSTEM_PROMPTS["code"]
     with pytest.raises(ValueError, match="no default system prompt"):
         chat_messages(user, "unknown")
+
+
+def test_chat_rows_need_an_assistant_turn_and_may_hold_tool_turns(tmp_path):
+    good = {"messages": [{"role": "user", "content": "2 + 3?"}, {"role": "assistant", "content": "<calc>2+3</calc>"},
+                         {"role": "tool", "content": "5"}, {"role": "assistant", "content": "\\boxed{5}"}]}
+    rows = read_prompts(write_jsonl(tmp_path / "chat.jsonl", [good]), format="chat").rows
+    assert [t["role"] for t in rows[0]["messages"]] == ["user", "assistant", "tool", "assistant"]
+    no_answer = {"messages": [{"role": "user", "content": "2 + 3?"}]}
+    path = write_jsonl(tmp_path / "bad.jsonl", [good, no_answer])
+    with pytest.raises(DataError, match=r"bad.jsonl: line 2: field 'messages' has no assistant turn"):
+        read_prompts(path, format="chat")
+    assert read_prompts(path, format="chat", on_bad_row="skip").skipped[0][0] == 2
+    with pytest.raises(DataError, match=r"line 1: field 'messages'\[2\].role must be one of"):  # math: no tool turns
+        read_prompts(write_jsonl(tmp_path / "m.jsonl", [{**good, "gt_answer": "5"}]))

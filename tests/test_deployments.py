@@ -1,5 +1,5 @@
-"""Deployment files: every Prefect deployment's entrypoint loads as the grpo-train flow with flow-run retries (a
-retried flow run resumes its run folder) and its config resolves; the KubeRay manifest, the Prefect worker and
+"""Deployment files: every Prefect deployment's entrypoint loads as a flow (grpo-train, grpo-sft-rl) with flow-run
+retries (a retried flow run resumes its run folders) and its configs resolve; the KubeRay manifest, the Prefect worker and
 configs/cluster.yaml agree with each other and with the installed Ray."""
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ from grpo_core.config import load_config
 from tests.conftest import REPO
 
 
+# Each deployable flow's config parameters: (path, overrides).
+CONFIGS_OF = {"grpo-train": [("config_path", "overrides")],
+              "grpo-sft-rl": [("sft_config_path", "sft_overrides"), ("rl_config_path", "rl_overrides")]}
+
+
 @pytest.mark.parametrize("spec_file", ["deployments/prefect.yaml", "infra/prefect.yaml"])
 def test_deployments_point_at_the_flow_with_retries(spec_file, monkeypatch):
     spec = yaml.safe_load((REPO / spec_file).read_text())
@@ -24,14 +29,15 @@ def test_deployments_point_at_the_flow_with_retries(spec_file, monkeypatch):
         path, attr = dep["entrypoint"].split(":")
         module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
         flow = getattr(module, attr)
-        assert flow.name == "grpo-train", dep["name"]
+        assert flow.name in CONFIGS_OF, dep["name"]
         assert flow.retries >= 1 and flow.retry_delay_seconds > 0, dep["name"]
         # `prefect deploy` fills {{ $VAR }} from the environment (grpo stack up sets GRPO_RAY_ADDRESS)
         monkeypatch.setenv("GRPO_RAY_ADDRESS", "127.0.0.1:6380")
         params = apply_values(dep["parameters"], {}, remove_notset=False)
-        cfg = load_config(REPO / params["config_path"], params.get("overrides") or [])
-        if spec_file == "deployments/prefect.yaml":
-            assert cfg.cluster.ray_address == "127.0.0.1:6380", dep["name"]
+        for path_key, overrides_key in CONFIGS_OF[flow.name]:
+            cfg = load_config(REPO / params[path_key], params.get(overrides_key) or [])
+            if spec_file == "deployments/prefect.yaml":
+                assert cfg.cluster.ray_address == "127.0.0.1:6380", dep["name"]
 
 
 def test_an_unresolved_ray_address_template_is_refused_with_what_to_do():

@@ -398,3 +398,68 @@ def test_a_packed_row_is_refused_by_a_model_without_segment_attention(tiny_model
     with pytest.raises(ValueError, match="grpo_segments"):
         learner._forward_logprobs(plain, _mixed_batch(), pack=True)
     learner._forward_logprobs(plain, _mixed_batch(), pack=False)  # the padded batch needs nothing special
+
+
+CHAT = [{"role": "system", "content": "Add."},
+        {"role": "user", "content": "What is 12 + 3?"}, {"role": "assistant", "content": "\\boxed{15}"},
+        {"role": "user", "content": "And 40 + 9?"}, {"role": "assistant", "content": "40 + 9 = 49, \\boxed{49}"}]
+
+
+def _conversations(model: str):
+    from transformers import AutoTokenizer
+
+    from grpo_core.data.chat import ConversationTokenizer, end_of_turn_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    encoder = ConversationTokenizer(tokenizer, "boxed", None, 256, end_of_turn_ids(model, tokenizer))
+    rows = [{"prompt_id": i, "messages": messages} for i, messages in
+            enumerate([CHAT, CHAT[:3], [CHAT[1], {"role": "assistant", "content": "15"}]])]
+    return tokenizer, [encoder.encode(row, "chats.jsonl") for row in rows]
+
+
+def test_a_conversation_is_trained_on_its_assistant_turns_only_through_their_end_of_turn(tiny_model):
+    tokenizer, (two_turns, _, _) = _conversations(tiny_model)
+    response, mask = two_turns["response_token_ids"], two_turns["response_mask"]
+    text = tokenizer.decode(two_turns["prompt_token_ids"] + response)
+    assert text == tokenizer.apply_chat_template(CHAT, tokenize=False)  # the template's text, whole
+    assert tokenizer.decode(two_turns["prompt_token_ids"]).endswith("What is 12 + 3?<|im_end|>\n<|im_start|>assistant\n")
+    # the spans of 1s, in order: each assistant turn's content and its end-of-turn token, nothing of the user's
+    spans, current = [], []
+    for token, m in zip(response, mask):
+        if m:
+            current.append(token)
+        elif current:
+            spans.append(tokenizer.decode(current))
+            current = []
+    spans += [tokenizer.decode(current)] if current else []
+    assert spans == ["\\boxed{15}<|im_end|>", "40 + 9 = 49, \\boxed{49}<|im_end|>"]
+
+
+def test_sft_loss_is_the_models_cross_entropy_on_assistant_tokens_only(tiny_model):
+    """The learner's SFT step on packed rows of three conversations (two of them multi-turn): its loss is the
+    cross-entropy a plain transformers forward gives on the assistant tokens, averaged over all of them."""
+    from transformers import AutoModelForCausalLM
+
+    _, rows = _conversations(tiny_model)
+    batch = pack_batch([r["prompt_token_ids"] for r in rows], [r["response_token_ids"] for r in rows], None,
+                       [1.0] * len(rows), [True] * len(rows), pad_id=0,
+                       response_masks=[r["response_mask"] for r in rows])
+    cfg = build_config({"model": {"path": tiny_model}, "data": {"train_path": "t", "format": "chat"},
+                        "sft": {"conversations_per_iteration": 3}, "train": {"lr": 1e-2, "micro_batch_size": 1}})
+    learner = Learner(LearnerSpec(model_path=tiny_model, total_steps=2, objective=cfg.objective), cfg.algo,
+                      cfg.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
+    metrics = learner.train_step(batch)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    total, count = 0.0, 0
+    for r in rows:
+        ids = torch.tensor([r["prompt_token_ids"] + r["response_token_ids"]])
+        logp = torch.log_softmax(model(ids).logits[0, :-1].double(), dim=-1)
+        targets = ids[0, 1:]
+        start = len(r["prompt_token_ids"]) - 1  # the position that predicts the first response token
+        for k, m in enumerate(r["response_mask"]):
+            if m:
+                total -= float(logp[start + k, targets[start + k]])
+                count += 1
+    assert cfg.grad_accum_steps == 3 and learner.version == 1  # one optimizer step over three micro-batches
+    assert metrics["loss"] == pytest.approx(total / count, abs=1e-5)
+    assert metrics["nll"] > 0 and "clipfrac" not in metrics

@@ -146,11 +146,11 @@ def test_sampling_stops_at_end_of_turn_long_answers_and_the_learner_agrees_with_
 
 @pytest.fixture(scope="module")
 def reference(smollm2_model, tmp_path_factory, prefect_harness):
-    """3 iterations, colocated, checkpoints after iterations 1 and 2: the uninterrupted run the others match."""
+    """2 iterations, colocated, checkpoints after iterations 0 and 1: the uninterrupted run the others match."""
     from flows.grpo_train import grpo_train
 
     root = tmp_path_factory.mktemp("real-ref")
-    cfg = real_config(smollm2_model, root, "ref", iterations=3)
+    cfg = real_config(smollm2_model, root, "ref", iterations=2, checkpoint__interval=1)
     result = grpo_train(config=cfg)
     assert result["resumed_from"] is None
     yield root, cfg
@@ -160,19 +160,19 @@ def reference(smollm2_model, tmp_path_factory, prefect_harness):
 def test_the_run_learns_safely_and_resumes_bit_identically_after_sigkill(reference, smollm2_model, tmp_path):
     ref_root, _ = reference
     rows = _rows(ref_root, "ref")
-    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
     for r in rows[:-1]:
         assert r["sync_logprob_max_diff"] < 1e-3  # the sync does not damage the 134M weights
         assert r["mismatch_abs_logp_max"] < 1e-2  # sampler vs learner on every trained token
         assert r["response_length_mean"] > 5
-    cfg = real_config(smollm2_model, tmp_path, "cut", iterations=3)
+    cfg = real_config(smollm2_model, tmp_path, "cut", iterations=2, checkpoint__interval=1)
     store = RunStore(str(tmp_path), "cut")
     proc, log = start_cli(cfg, tmp_path, "first")
-    wait_committed(store, proc, log, timeout=900)  # iter-000001, written in the background
-    wait_listed(store, 2, "scored.parquet", proc, log, timeout=900)
-    kill_tree(proc)  # between iteration 2's scoring and its update
+    wait_committed(store, proc, log, timeout=900)  # iter-000000, written in the background
+    wait_listed(store, 1, "scored.parquet", proc, log, timeout=900)
+    kill_tree(proc)  # between iteration 1's scoring and its update
     committed = checkpoint.latest(store)
-    assert committed is not None and committed.iteration == 1, committed
+    assert committed is not None and committed.iteration == 0, committed
     text = run_cli_to_end(cfg, tmp_path, "resumed")
     assert f"resuming cut from {committed.name}" in text, text
     a = load_file(str(ref_root / "ref" / "final" / "model.safetensors"))
@@ -188,7 +188,7 @@ def test_final_and_a_checkpoint_load_in_both_engines_and_grpo_eval_reproduces_th
 
     ref_root, cfg = reference
     run = ref_root / "ref"
-    for folder in (run / "final", run / checkpoint.checkpoint_path(1)):
+    for folder in (run / "final", run / checkpoint.checkpoint_path(0)):
         result = check_loads(str(folder))  # raises beyond 1e-3 or when the tokenizers differ
         assert result.tokens > 0
     config = tmp_path / "config.yaml"
@@ -200,7 +200,7 @@ def test_final_and_a_checkpoint_load_in_both_engines_and_grpo_eval_reproduces_th
     assert done.returncode == 0, done.stderr[-3000:]
     last = _rows(ref_root, "ref")[-1]
     assert json.loads((out / "metrics.json").read_text())["metrics"]["eval/default/accuracy"] == last["eval_accuracy"]
-    in_run = pq.read_table(run / "iter-000003" / "eval-default.parquet").column("response_text").to_pylist()
+    in_run = pq.read_table(run / "iter-000002" / "eval-default.parquet").column("response_text").to_pylist()
     assert pq.read_table(out / "eval-default.parquet").column("response_text").to_pylist() == in_run
 
 

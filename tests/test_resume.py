@@ -133,7 +133,7 @@ def test_a_changed_config_is_refused_naming_the_fields(reference, tiny_model, tm
     assert "seed" not in out.stderr
 
 
-def test_finished_run_is_not_redone_and_more_iterations_extend_it(reference, tiny_model, tmp_path):
+def test_a_finished_run_is_not_redone(reference, tiny_model, tmp_path):
     from flows.grpo_train import grpo_train
 
     root = tmp_path / "runs"
@@ -143,6 +143,13 @@ def test_finished_run_is_not_redone_and_more_iterations_extend_it(reference, tin
     assert "already finished" in again["summary"][0]
     assert all(torch.equal(before[k], v) for k, v in _final_weights(root, "ref").items())
 
+
+@pytest.mark.e2e  # make test: test_a_finished_run_is_not_redone, and the resume of test_sigkill_between_stages...
+def test_more_iterations_extend_a_finished_run(reference, tiny_model, tmp_path):
+    from flows.grpo_train import grpo_train
+
+    root = tmp_path / "runs"
+    shutil.copytree(reference / "ref", root / "ref")
     extended = grpo_train(config=_config(tiny_model, root, "ref", iterations=ITERATIONS + 2))
     assert extended["resumed_from"] == f"iter-{ITERATIONS - 1:06d}"
     rows = RunStore(str(root), "ref").read_metrics().to_pylist()

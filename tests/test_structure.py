@@ -38,21 +38,23 @@ def test_the_placement_check_finds_a_branch(tmp_path):
 
 
 def untyped_returns(path: Path) -> list[str]:
-    """Functions whose return annotation is ``dict[str, Any]`` (optionally ``| None``)."""
+    """Functions whose return annotation is ``dict[str, Any]`` (optionally ``| None``), but Prefect flows: a flow's
+    return value is what Prefect keeps as the flow run's result (a dict, which the UI and a parent flow read)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None \
-                and "dict[str, Any]" in ast.unparse(node.returns):
+                and "dict[str, Any]" in ast.unparse(node.returns) \
+                and not any("flow" in ast.unparse(d).split("(")[0] for d in node.decorator_list):
             out.append(f"{path.relative_to(REPO)}:{node.name}")
     return out
 
 
 def test_the_stage_path_returns_typed_results():
     """Between the engine actors and the flow, results are dataclasses (``grpo_core.results``); what remains as a
-    dict is a manifest's free-form metadata, a metrics row and the flow's own return value."""
+    dict is a manifest's free-form metadata and a metrics row (a flow's own return value is not counted)."""
     found = [name for f in _files("flows", "tasks", "grpo_core/cluster", "grpo_core/roles", "grpo_core/engine_worker.py")
              for name in untyped_returns(f)]
-    assert len(found) <= 8, found
+    assert len(found) <= 7, found
 
 
 def long_functions(path: Path, limit: int = 100) -> list[str]:

@@ -1,13 +1,16 @@
-"""The policy objective of one micro-batch, whole: off-policy correction, clipped policy gradient, KL to the
-reference and the entropy bonus, as one pure function of tensors and the algorithm config.
+"""The objectives of one micro-batch, each whole and a pure function of tensors and the algorithm config: the
+policy objective (off-policy correction, clipped policy gradient, KL to the reference and the entropy bonus) and the
+supervised one (the negative log-likelihood of the target tokens, for SFT).
 
-Why one function: the learner's step owns forward, backward and the optimizer, nothing of the loss; a new objective
-(distillation, SFT) is another function beside this one, not an edit of the step. ``tests/test_algo_objective.py``
-holds it to the bit against the loss the learner assembled inline before (saved batches).
+Why functions behind one interface: the learner's step owns forward, backward and the optimizer, nothing of the
+loss; a new objective is another function beside these, chosen by ``make_objective`` from the run's
+objective kind (``GRPOConfig.objective``), not an edit of the step. ``tests/test_algo_objective.py`` holds the policy objective to the bit
+against the loss the learner assembled inline before (saved batches).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
@@ -61,3 +64,91 @@ def policy_objective(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
                                                           global_denominator=denominator)
     metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
     return loss, metrics
+
+
+def supervised_objective(logprobs: Tensor, mask: Tensor, *, entropy: Tensor, denominator: float,
+                         agg_mode: str = "token_mean", norm_length: int | None = None
+                         ) -> tuple[Tensor, dict[str, float]]:
+    """Supervised fine-tuning: the negative log-likelihood of the target tokens (an SFT row's assistant turns).
+
+    logprobs:    [B, T] log pi_theta of the row's tokens (with gradient), at temperature 1.
+    mask:        [B, T] 1 on the tokens the loss is on (assistant turns), 0 elsewhere (system, user, tool turns).
+    entropy:     [B, T] the policy's entropy per token (a metric only).
+    denominator: what the mini-batch's aggregation divides by (``loss_denominator`` over the whole mini-batch:
+                 with ``token_mean`` the mini-batch's target tokens, so the micro-batches' losses sum to the
+                 cross-entropy averaged over every target token of the mini-batch, as TRL's SFT loss).
+
+    Metrics: ``nll`` (this micro-batch's mean negative log-likelihood per target token) and ``entropy``."""
+    nll = -logprobs
+    loss = aggregate_loss(nll, mask, agg_mode, norm_length=norm_length, global_denominator=denominator)
+    tokens = mask.sum().clamp(min=1)
+    return loss, {"nll": float((nll.detach() * mask).sum() / tokens),
+                  "entropy": float((entropy.detach() * mask).sum() / tokens)}
+
+
+@dataclass(frozen=True)
+class ObjectiveInputs:
+    """What the learner's step has for one micro-batch (every tensor [B, T] but ``advantages``: [B] or [B, T])."""
+    logprobs: Tensor
+    old_logprobs: Tensor
+    advantages: Tensor
+    mask: Tensor
+    entropy: Tensor
+    denominator: float
+    norm_length: int
+    sampler_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+
+
+class Objective(Protocol):
+    """The loss of one micro-batch and its metrics (see ``ObjectiveInputs``)."""
+
+    uses_old_logprobs: bool  # whether the step must compute pi_old before its first update (several steps)
+
+    @property
+    def agg_mode(self) -> str:
+        """How the loss is aggregated over a mini-batch (``grpo_core.algo.losses.AGG_MODES``): the step computes
+        the mini-batch's denominator with it."""
+
+    def __call__(self, x: ObjectiveInputs) -> tuple[Tensor, dict[str, float]]: ...
+
+
+@dataclass(frozen=True)
+class PolicyGradient:
+    """RL: ``policy_objective`` with the run's algorithm settings."""
+    algo: "AlgoConfig"
+    uses_old_logprobs: bool = True
+
+    @property
+    def agg_mode(self) -> str:
+        return self.algo.loss_agg_mode
+
+    def __call__(self, x: ObjectiveInputs) -> tuple[Tensor, dict[str, float]]:
+        return policy_objective(x.logprobs, x.old_logprobs, x.advantages, x.mask, self.algo, entropy=x.entropy,
+                                denominator=x.denominator, norm_length=x.norm_length,
+                                sampler_logprobs=x.sampler_logprobs, ref_logprobs=x.ref_logprobs)
+
+
+@dataclass(frozen=True)
+class Supervised:
+    """SFT: ``supervised_objective`` averaged over every target token of the mini-batch (the cross-entropy as
+    TRL's and every SFT trainer's; ``algo.loss_agg_mode`` is the policy gradient's); no advantage, pi_old or
+    reference."""
+    algo: "AlgoConfig"
+    uses_old_logprobs: bool = False
+    agg_mode: str = "token_mean"
+
+    def __call__(self, x: ObjectiveInputs) -> tuple[Tensor, dict[str, float]]:
+        return supervised_objective(x.logprobs, x.mask, entropy=x.entropy, denominator=x.denominator,
+                                    agg_mode=self.agg_mode, norm_length=x.norm_length)
+
+
+OBJECTIVES = {"policy_gradient": PolicyGradient, "sft": Supervised}
+
+
+def make_objective(kind: str, algo: "AlgoConfig") -> Objective:
+    """The objective of kind ``kind`` (one of ``OBJECTIVES``; a run's ``GRPOConfig.objective``), with the run's
+    algorithm settings."""
+    if kind not in OBJECTIVES:
+        raise ValueError(f"unknown objective {kind!r}; choose one of {sorted(OBJECTIVES)}")
+    return OBJECTIVES[kind](algo)

@@ -61,11 +61,31 @@ def make_rows(split: str, seed: int = DEFAULT_SEED) -> list[dict[str, Any]]:
             for a, b in split_pairs(seed)[split]]
 
 
+def worked_answer(a: int, b: int) -> str:
+    """The worked answer SFT teaches (and the real-model demos show as their worked example): the sum written out,
+    then the answer in the ``\\boxed{}`` the reward reads."""
+    return f"{a} + {b} = {a + b}. The answer is \\boxed{{{a + b}}}."
+
+
+def make_conversations(seed: int = DEFAULT_SEED) -> list[dict[str, Any]]:
+    """The train split's problems as conversations in the chat format (SFT's data): the question, then the worked
+    answer. The eval split stays held out (its problems are never in train)."""
+    return [{"messages": [{"role": "user", "content": question(a, b)},
+                          {"role": "assistant", "content": worked_answer(a, b)}]}
+            for a, b in split_pairs(seed)["train"]]
+
+
 def write_splits(out_dir: str | Path, seed: int = DEFAULT_SEED) -> dict[str, Path]:
     """Write ``train.jsonl`` and ``eval.jsonl`` under `out_dir`; returns the paths by split."""
     return write_jsonl_splits(out_dir, SPLITS, lambda split: make_rows(split, seed))
 
 
+def write_conversations(out_dir: str | Path, seed: int = DEFAULT_SEED) -> dict[str, Path]:
+    """Write SFT's ``train.jsonl`` (``make_conversations``) under `out_dir`."""
+    return write_jsonl_splits(out_dir, ("train",), lambda _split: make_conversations(seed))
+
+
 if __name__ == "__main__":
-    for name, p in write_splits("data/arith").items():
+    for name, p in {**write_splits("data/arith"), **{f"sft {k}": v for k, v in
+                                                     write_conversations("data/arith-sft").items()}}.items():
         print(name, p)

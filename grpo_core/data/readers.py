@@ -12,6 +12,9 @@ Normalised row: every original column, plus
                 ``prompt_key`` used as the user turn)
     gt_answer   str (math format; numbers are turned into strings), from ``answer_key``
     test_cases  {"inputs": [str], "outputs": [str]} of equal length (code format; a JSON string is decoded)
+
+The chat format (SFT's conversations) has no answer: its ``messages`` must hold at least one assistant turn (what
+is trained on), and may hold tool turns.
 """
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-FORMATS = ("math", "code")
+FORMATS = ("math", "code", "chat")
 ON_BAD_ROW = ("error", "skip")
 ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ROLES + ("tool",)
 
 
 class DataError(ValueError):
@@ -133,15 +137,19 @@ def normalise_row(record: dict[str, Any], position: int, format: str, prompt_key
     """One checked, normalised row (see the module docstring). Raises _RowProblem naming the field."""
     row = dict(record)
     row["prompt_id"] = position
-    row["messages"] = _messages(record, prompt_key)
+    row["messages"] = _messages(record, prompt_key, CHAT_ROLES if format == "chat" else ROLES)
     if format == "math":
         row["gt_answer"] = _gt_answer(record, answer_key)
+    elif format == "chat":
+        if not any(turn["role"] == "assistant" for turn in row["messages"]):
+            raise _RowProblem(f"field {prompt_key!r} has no assistant turn: a conversation to fine-tune on needs "
+                              f"at least one")
     else:
         row["test_cases"] = _test_cases(record)
     return row
 
 
-def _messages(record: dict[str, Any], prompt_key: str) -> list[dict[str, str]]:
+def _messages(record: dict[str, Any], prompt_key: str, roles: tuple[str, ...] = ROLES) -> list[dict[str, str]]:
     if prompt_key not in record or record[prompt_key] is None:
         raise _RowProblem(f"field {prompt_key!r} is missing")
     value = record[prompt_key]
@@ -159,8 +167,8 @@ def _messages(record: dict[str, Any], prompt_key: str) -> list[dict[str, str]]:
         if not isinstance(turn, dict):
             raise _RowProblem(f"{where} must be an object with 'role' and 'content', got {type(turn).__name__}")
         role, content = turn.get("role"), turn.get("content")
-        if role not in ROLES:
-            raise _RowProblem(f"{where}.role must be one of {ROLES}, got {role!r}")
+        if role not in roles:
+            raise _RowProblem(f"{where}.role must be one of {roles}, got {role!r}")
         if not isinstance(content, str):
             raise _RowProblem(f"{where}.content must be a string, got {type(content).__name__}")
         checked.append({"role": role, "content": content})

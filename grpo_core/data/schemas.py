@@ -78,13 +78,17 @@ def episode_columns(table: pa.Table, groups: list[list[Any]]) -> pa.Table:
 
 def rollouts_table(rows: list[dict[str, Any]], dataset_columns: list[dict[str, Any]]) -> pa.Table:
     """Typed fixed columns, then the dataset columns of each row's prompt (prefixed names never collide)."""
-    fixed = pa.Table.from_pylist(rows, schema=ROLLOUT_SCHEMA)
+    return _with_dataset_columns(pa.Table.from_pylist(rows, schema=ROLLOUT_SCHEMA), dataset_columns, "a rollout")
+
+
+def _with_dataset_columns(fixed: pa.Table, dataset_columns: list[dict[str, Any]], what: str) -> pa.Table:
+    """``fixed`` with each row's dataset columns appended after its own (a name of its own is refused)."""
     if not dataset_columns or not dataset_columns[0]:
         return fixed
     extra = pa.Table.from_pylist(dataset_columns)
     for name in extra.column_names:
-        if name in ROLLOUT_SCHEMA.names:
-            raise ValueError(f"dataset column {name!r} collides with a rollout column; rename it in the data")
+        if name in fixed.schema.names:
+            raise ValueError(f"dataset column {name!r} collides with {what} column; rename it in the data")
         fixed = fixed.append_column(name, extra.column(name))
     return fixed
 
@@ -104,6 +108,27 @@ def sample_rows(iteration: int, prompts: list[dict[str, Any]], groups: list[list
                 "response_length": len(s.token_ids), "policy_version": version, "sampler_id": sampler_id})
             columns.append(prompt.get("columns", {}))
     return rollouts_table(rows, columns)
+
+
+# An SFT run's batch (``scored.parquet``, nothing sampled): the rollout and score columns with the conversation as
+# prompt + response, its assistant turns in ``response_mask``; ``sampler_logprobs``, ``reward`` and the text of the
+# response are null (no sampler, no reward), ``advantage`` is 1 (the learner's objective is the likelihood).
+CONVERSATION_SCHEMA = pa.schema(
+    [f.with_nullable(True) if f.name in ("sampler_logprobs", "response_text") else f
+     for f in ROLLOUT_FIELDS + SCORE_FIELDS] + [pa.field(RESPONSE_MASK, pa.list_(pa.int8()), nullable=False)])
+
+
+def conversation_rows(iteration: int, conversations: list[dict[str, Any]], version: int) -> pa.Table:
+    """An SFT batch (``CONVERSATION_SCHEMA``, then each conversation's dataset columns) from conversations encoded
+    by ``grpo_core.data.chat.ConversationTokenizer``, one group each, in order."""
+    rows = [{"iteration": iteration, "prompt_id": c["prompt_id"], "group_id": i, "sample_idx": 0,
+             "prompt_token_ids": c["prompt_token_ids"], "response_token_ids": c["response_token_ids"],
+             "sampler_logprobs": None, "response_text": None, "finish_reason": "data", "truncated": False,
+             "response_length": len(c["response_token_ids"]), "policy_version": version, "sampler_id": 0,
+             "reward": None, "reward_error": None, "shaped_reward": 0.0, "advantage": 1.0, "kept": True,
+             RESPONSE_MASK: c["response_mask"]} for i, c in enumerate(conversations)]
+    return _with_dataset_columns(pa.Table.from_pylist(rows, schema=CONVERSATION_SCHEMA),
+                                 [c.get("columns", {}) for c in conversations], "a batch")
 
 
 def check_schema(table: pa.Table, fields: list[pa.Field], what: str) -> None:

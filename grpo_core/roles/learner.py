@@ -109,9 +109,9 @@ class LearnerRole:
         self.learner = Learner(
             LearnerSpec(model_path=cfg.model.path, dtype=self.dtype, seed=cfg.seed,
                         total_steps=cfg.iterations * cfg.optimizer_steps_per_iteration,
-                        temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
+                        temperature=cfg.learner_temperature, max_new_tokens=cfg.rollout.max_new_tokens,
                         fused_kernels=cfg.train.fused_kernels, lora=cfg.model.lora,
-                        pack_prompts=cfg.train.pack_prompts),
+                        pack_prompts=cfg.train.pack_prompts, objective=cfg.objective),
             cfg.resolved_algo, cfg.train, micro_batch_size=cfg.micro_batch_size,
             grad_accum_steps=cfg.grad_accum_steps)
 
@@ -143,7 +143,9 @@ class LearnerRole:
         cols = table.select(["prompt_token_ids", "response_token_ids", "sampler_logprobs", "advantage", "kept"]
                             + ([RESPONSE_MASK] if episodes else []))
         data = cols.to_pydict()
-        batch = pack_batch(data["prompt_token_ids"], data["response_token_ids"], data["sampler_logprobs"],
+        sampled = data["sampler_logprobs"]  # null on rows nothing sampled (SFT's conversations)
+        batch = pack_batch(data["prompt_token_ids"], data["response_token_ids"],
+                           None if all(lp is None for lp in sampled) else sampled,
                            data["advantage"], data["kept"], self.pad_id,
                            response_masks=_masks(data) if episodes else None)
         extra: dict[str, float] = {}

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo_core.algo import entropy_from_logits, loss_denominator, policy_objective
+from grpo_core.algo import entropy_from_logits, loss_denominator
+from grpo_core.algo.objective import ObjectiveInputs, make_objective
 from grpo_core.checkpoint import Snapshot
 from grpo_core.train.bf16_rounding import is_bf16_optimizer, round_stochastically
 from grpo_core.train.step_metrics import MicroBatchMetrics
@@ -44,6 +45,7 @@ class LearnerSpec:
     fused_kernels: bool = False   # on CUDA: Liger's Triton kernels for RMSNorm, RoPE and SwiGLU (needs liger-kernel)
     lora: LoraConfig | None = None  # train peft LoRA adapters only (the base stays frozen); None: all weights
     pack_prompts: bool = True     # micro-batches as packed rows, each group's prompt once (train.pack_prompts)
+    objective: str = "policy_gradient"  # what the step minimises (grpo_core.algo.objective.OBJECTIVES)
 
 
 def _lr_lambda(train: TrainConfig, total_steps: int):
@@ -95,6 +97,7 @@ class Learner:
         started = time.perf_counter()
         torch.manual_seed(spec.seed)
         self.spec, self.algo, self.train_cfg = spec, algo, train
+        self.objective = make_objective(spec.objective, algo)
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype,
                                                      attn_implementation=segment_attention.register())
@@ -294,7 +297,7 @@ class Learner:
         if n % mini:
             raise ValueError(f"batch of {n} rows is not a multiple of the mini-batch ({mini})")
         n_minis = n // mini
-        agg = self.algo.loss_agg_mode
+        agg = self.objective.agg_mode
         norm_length = self.algo.loss_norm_length or self.spec.max_new_tokens
         denominators = [max(1.0, loss_denominator(batch.select(slice(m * mini, (m + 1) * mini)).loss_mask, agg))
                         for m in range(n_minis)]
@@ -306,7 +309,7 @@ class Learner:
         # Old logprobs once per batch; when the batch makes a single optimizer step they equal the current
         # logprobs, so the extra forward pass is skipped (ratio = 1 exactly, as in verl).
         # Packed (train.pack_prompts): these are read only at response tokens, where packing gives the same values.
-        old_logp = None if on_policy else self.logprobs(batch, pack=True)
+        old_logp = None if on_policy or not self.objective.uses_old_logprobs else self.logprobs(batch, pack=True)
         ref_logp = self.ref_logprobs(batch, pack=True) if self.has_reference else None
         gathered = MicroBatchMetrics()
         grad_norms = []
@@ -334,10 +337,10 @@ class Learner:
                     # the sampler/learner agreement on every token is measured without a correction too
                     sampler_logp = mb.sampler_logprobs[:, :width].to(self.device) \
                         if (a.offpolicy or "none") != "none" or mb.has_sampler_logprobs else None
-                    loss, metrics = policy_objective(
-                        logp, mb_old, mb.advantages.to(self.device), mask, a, entropy=entropy, denominator=denom,
+                    loss, metrics = self.objective(ObjectiveInputs(
+                        logp, mb_old, mb.advantages.to(self.device), mask, entropy=entropy, denominator=denom,
                         norm_length=norm_length, sampler_logprobs=sampler_logp,
-                        ref_logprobs=None if ref_logp is None else ref_logp[mini_idx][idx][:, :width].to(self.device))
+                        ref_logprobs=None if ref_logp is None else ref_logp[mini_idx][idx][:, :width].to(self.device)))
                     gathered.add(metrics)
                     self.engine.backward(loss * world_size if world_size > 1 else loss, scale_wrt_gas=False)
                     # DeepSpeed records the pre-clip norm under ZeRO 1-3 only; without ZeRO it clips, unrecorded.
