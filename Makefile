@@ -169,7 +169,7 @@ test-cluster: $(STAMP) $(TINY_MODEL)/config.json
 
 # The Prefect console in a real browser: stack up, a tiny deployment run, its artifacts through the REST API,
 # screenshots (headless Chromium, installed from Debian when missing), two scheduled retraining runs, stack down.
-ui-check: $(STAMP) $(TINY_MODEL)/config.json
+ui-check: $(STAMP) $(TINY_MODEL)/config.json $(SMOLLM2_MODEL)/grpo_build.json
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(BIN)/python infra/ui_check.py
 

@@ -15,6 +15,7 @@ from prefect import flow
 
 from flows.grpo_train import flow_config, grpo_sft, grpo_train
 from grpo_core.config import ConfigError
+from tasks.run_log import flow_lines_at_info
 
 
 def _names(sft_config_path: str, rl_config_path: str, sft_overrides: list[str] | None,
@@ -49,12 +50,13 @@ def grpo_sft_rl(sft_config_path: str, rl_config_path: str, sft_overrides: list[s
     """SFT (`sft_config_path`, a config with sft set), then RL (`rl_config_path`) from the SFT run's final policy,
     each a subflow. The RL config's own model.init_from is replaced by the SFT run."""
     sft_run, rl_run = _names(sft_config_path, rl_config_path, sft_overrides, rl_overrides)
-    print(f"stage 1: SFT run {sft_run}; stage 2: RL run {rl_run}, starting from {sft_run}'s final policy")
-    sft = grpo_sft(config_path=sft_config_path, overrides=[*(sft_overrides or []), f"run_name={sft_run}"])
-    rl = grpo_train(config_path=rl_config_path, overrides=[*(rl_overrides or []), f"run_name={rl_run}",
-                                                             f"model.init_from={sft_run}"])
-    print(f"SFT {sft_run}: final eval accuracy {sft['final_eval_accuracy']}; RL {rl_run}: final eval accuracy "
-          f"{rl['final_eval_accuracy']}")
+    with flow_lines_at_info():
+        print(f"stage 1: SFT run {sft_run}; stage 2: RL run {rl_run}, starting from {sft_run}'s final policy")
+        sft = grpo_sft(config_path=sft_config_path, overrides=[*(sft_overrides or []), f"run_name={sft_run}"])
+        rl = grpo_train(config_path=rl_config_path, overrides=[*(rl_overrides or []), f"run_name={rl_run}",
+                                                                 f"model.init_from={sft_run}"])
+        print(f"SFT {sft_run}: final eval accuracy {sft['final_eval_accuracy']}; RL {rl_run}: final eval accuracy "
+              f"{rl['final_eval_accuracy']}")
     return {"sft": sft, "rl": rl}
 
 

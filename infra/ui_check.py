@@ -5,7 +5,9 @@ its artifacts read back through the REST API (progress 100 %, one metrics row pe
 examples, the summary naming the final policy) and its Logs tab holding the flow's lines; headless Chromium
 screenshots of the flow-run page, its Artifacts and Logs tabs and the artifacts themselves, each page's rendered DOM
 checked for what the screenshot should show; two runs of the scheduled deployment `grpo-train/tiny-nightly`, the
-second starting from the first's final policy in a run folder of its own; `grpo stack down`, after which nothing
+second starting from the first's final policy in a run folder of its own; a deployment run of
+`grpo-sft-rl/smollm2-sft-rl` whose two stages (SFT, then RL from its policy) are its subflow runs, each page naming
+its parent; `grpo stack down`, after which nothing
 the stack started is still running. Screenshots and a report land in runs/ui-check/.
 
 Needs Debian's chromium (`make ui-check` installs it when missing). Nothing outside 127.0.0.1 is contacted.
@@ -50,13 +52,16 @@ class Api:
             raw = resp.read()
         return json.loads(raw) if raw else None
 
-    def run_deployment(self, name: str, extra_overrides: list[str], timeout_s: float) -> dict:
+    def run_deployment(self, name: str, extra_overrides: list[str] | dict[str, list[str]], timeout_s: float) -> dict:
         """Start a flow run of deployment ``flow/deployment`` with its own parameters plus ``extra_overrides``
-        (later overrides win), wait for it to end."""
+        (later overrides win; a dict gives them per overrides parameter, e.g. ``sft_overrides``), wait for it to
+        end."""
         flow, deployment = name.split("/")
         dep = self("GET", f"/deployments/name/{flow}/{deployment}")
         params = dict(dep["parameters"])
-        params["overrides"] = list(params.get("overrides") or []) + extra_overrides
+        extra = extra_overrides if isinstance(extra_overrides, dict) else {"overrides": extra_overrides}
+        for key, values in extra.items():
+            params[key] = list(params.get(key) or []) + values
         run = self("POST", f"/deployments/{dep['id']}/create_flow_run", {"parameters": params})
         print(f"  started {name}: flow run {run['id']}")
         deadline = time.time() + timeout_s
@@ -70,6 +75,16 @@ class Api:
     def artifacts(self, flow_run_id: str) -> list[dict]:
         return self("POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}},
                                                   "limit": 200})
+
+    def logs_with(self, flow_run_id: str, wanted: tuple[str, ...], wait_s: float = 30.0) -> list[str]:
+        """The flow run's log lines once each of ``wanted`` is among them, or after ``wait_s``: the flow process
+        sends its last lines in the background, and the run's state can read COMPLETED before they arrive."""
+        deadline = time.time() + wait_s
+        while True:
+            logs = self.logs(flow_run_id)
+            if all(any(w in m for m in logs) for w in wanted) or time.time() > deadline:
+                return logs
+            time.sleep(1)
 
     def logs(self, flow_run_id: str) -> list[str]:
         return [log["message"] for log in self("POST", "/logs/filter", {
@@ -127,8 +142,9 @@ def check_tiny_run(api: Api, ui: str, out: Path, iterations: int, timeout_s: flo
     check("**accuracy" in evaluation and "### Best" in evaluation and "### Worst" in evaluation,
           "evaluation artifact holds the accuracy and best/worst completions")
     check("final" in arts[f"{key}-summary"]["data"], "summary artifact names the final policy")
-    logs = api.logs(run["id"])
-    for wanted in ("engines ready", "iter    0  reward", "total wall time"):
+    wanted_lines = ("engines ready", "iter    0  reward", "total wall time")
+    logs = api.logs_with(run["id"], wanted_lines)
+    for wanted in wanted_lines:
         check(any(wanted in m for m in logs), f"Logs tab has '{wanted}'")
 
     shots = out / name
@@ -163,6 +179,39 @@ def check_nightly(api: Api, timeout_s: float) -> list[str]:
     files = json.loads((second / "data_files.json").read_text())["files"]["train"]
     check(any(f.endswith("data/arith/train.jsonl") for f in files), f"the data glob resolved to {files}")
     return names
+
+
+def check_sft_rl(api: Api, ui: str, out: Path, timeout_s: float) -> dict:
+    """The grpo-sft-rl deployment (SFT then RL on SmolLM2, one iteration each here): one flow run whose two stages
+    are its subflow runs, in the API and on the parent's page in the UI."""
+    print("deployment run of grpo-sft-rl/smollm2-sft-rl (one iteration per stage)")
+    short = ["iterations=1", "eval.interval=0"]
+    run = api.run_deployment("grpo-sft-rl/smollm2-sft-rl", {
+        "sft_overrides": [*short, "run_name=ui-sft-{date}-{time}"],
+        "rl_overrides": [*short, "run_name=ui-sft-rl-{date}-{time}"]}, timeout_s)
+    check(run["state_type"] == "COMPLETED", f"flow run {run['name']} completed ({run['state_type']})")
+    children = api("POST", "/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [run["id"]]}},
+                                                 "limit": 10})
+    flows = {c["flow_id"]: api("GET", f"/flows/{c['flow_id']}")["name"] for c in children}
+    stages = sorted((flows[c["flow_id"]], c["name"], c["state_type"]) for c in children)
+    check([(flow, state) for flow, _, state in stages] == [("grpo-sft", "COMPLETED"), ("grpo-train", "COMPLETED")],
+          f"its subflow runs are the two stages: {stages}")
+    sft_name, rl_name = (name for _, name, _ in stages)
+    check(run["name"] == f"{sft_name}-then-{rl_name}", f"the flow run is named after its stages: {run['name']}")
+    source = json.loads((ROOT / "runs" / rl_name / "init_from.json").read_text())
+    check(source["run"] == sft_name, f"the RL run started from the SFT run's policy ({source})")
+    shots = out / run["name"]
+    shots.mkdir(parents=True, exist_ok=True)
+    logs = api.logs_with(run["id"], ("stage 1: SFT run",))
+    check(any(f"stage 1: SFT run {sft_name}" in m for m in logs), "its Logs tab names the two stages")
+    # The run graph is drawn on a canvas (its two subflow bars, named "grpo-sft / <run>" and "grpo-train / <run>",
+    # are in the screenshot, not in the DOM); the page's DOM has the run's name and its Subflow Runs tab.
+    dom = browse(f"{ui}/runs/flow-run/{run['id']}", shots / "flow-run.png")
+    check(run["name"] in dom and "Subflow Runs" in dom, "the parent flow run's page: its name, a Subflow Runs tab")
+    for child in children:
+        dom = browse(f"{ui}/runs/flow-run/{child['id']}", shots / f"subflow-{child['name']}.png")
+        check(child["name"] in dom, f"the subflow run {child['name']} has its own page")
+    return run
 
 
 def check_down() -> None:
@@ -200,6 +249,8 @@ def main() -> int:
         tiny = check_tiny_run(api, ui, out, args.iterations, args.timeout)
         report["tiny"] = {"flow_run": tiny["id"], "name": tiny["name"]}
         report["nightly"] = check_nightly(api, args.timeout)
+        sft_rl = check_sft_rl(api, ui, out, args.timeout)
+        report["sft_rl"] = {"flow_run": sft_rl["id"], "name": sft_rl["name"]}
     finally:
         if not args.keep_stack:
             check_down()

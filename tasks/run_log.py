@@ -57,6 +57,21 @@ def _not_task_completion(record: logging.LogRecord) -> bool:
 
 
 @contextmanager
+def flow_lines_at_info() -> Iterator[None]:
+    """The flow's printed lines reach the Logs tab at INFO whatever ``PREFECT_LOGGING_LEVEL`` says, for a flow that
+    trains nothing itself (``grpo-sft-rl``, whose stages are subflows with ``run_logging`` of their own)."""
+    loggers = [logging.getLogger(name) for name in RUN_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+@contextmanager
 def run_logging(cfg: GRPOConfig, store: RunStore, console: Console) -> Iterator[None]:
     """Route the log lines as the module docstring says, for the duration of the flow run; restore after."""
     folder = store.local_path(LOGS)
