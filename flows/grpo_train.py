@@ -220,7 +220,7 @@ def _flow_run_name() -> str:
     try:
         cfg = flow_config(p.get("config"), p.get("config_path"), p.get("overrides"))
     except ConfigError:
-        return "grpo-train-invalid-config"  # the flow itself then fails with the config error
+        return f"{flow_run.flow_name}-invalid-config"  # the flow itself then fails with the config error
     return cfg.run_name
 
 

@@ -89,6 +89,18 @@ def test_each_flow_refuses_the_other_kind_of_config(tiny_model, tmp_path, prefec
         grpo_train(config=sft_config(tiny_model, tmp_path, "wrong"))
     with pytest.raises(ConfigError, match="grpo-sft needs a config with sft set"):
         grpo_sft(config=tiny_config(tiny_model, str(tmp_path), run_name="wrong-too"))
+    state = grpo_sft(config={"run_name": "x"}, return_state=True)  # no model, no data: invalid
+    assert state.is_failed() and "model" in str(state.message)
+
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    async def names():
+        async with get_client() as client:
+            return {r.name for r in await client.read_flow_runs(limit=200)}
+
+    assert "grpo-sft-invalid-config" in asyncio.run(names())  # named after its flow, not grpo-train
 
 
 @pytest.mark.e2e  # make test: the two flows it runs, in the tests above (and RL's own everywhere)
