@@ -427,14 +427,14 @@ def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunCo
                     sinks: MetricSinks) -> EvalResult | None:
     """Iterations ``start..iterations-1`` and the final evaluation; returns the last evaluation. Each recorded
     row and evaluation also goes to the run's artifacts in the Prefect UI (``console``)."""
+    from prefect.runtime import flow_run
+
     cfg, store = ctx.cfg, ctx.store
     window = cfg.window  # the async rule: what is collected when, which rows may train
     collect = _collector(cfg)
     do_eval = bool(ctx.eval_sets) and cfg.eval.interval > 0
     last_eval: EvalResult | None = None
     batches: dict[int, _Batch] = {}  # collected, not yet trained on (async: up to s ahead)
-    from prefect.runtime import flow_run
-
     with Progress(cfg.iterations, console=terminal, completed=start, label=flow_run.flow_name or "grpo-train") \
             as progress:
         for it in range(start, cfg.iterations):

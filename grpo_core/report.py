@@ -15,15 +15,26 @@ from __future__ import annotations
 import io
 import math
 import re
+from dataclasses import dataclass
 from typing import Sequence
 
 import pyarrow as pa
 
 _STAGE_TIME = re.compile(r"^time_(.+)_s$")
 _TOTAL_TIME = "time_total_s"
-# What an iteration's training signal is: the mean reward of its groups (RL), or the negative log-likelihood of its
-# conversations' assistant turns (SFT, where nothing is rewarded). The first that a table or row holds is shown.
-HEADLINES = (("reward_mean", "reward"), ("nll", "nll"))
+@dataclass(frozen=True)
+class Headline:
+    """An iteration's training signal as the line, the bar, the summary and the curves show it."""
+    column: str   # in metrics.parquet
+    label: str    # on the iteration line and the progress bar
+    summary: str  # in the summary's first -> last line
+    title: str    # of the curve
+
+
+# The mean reward of its groups (RL), or the negative log-likelihood of its conversations' assistant turns (SFT, where
+# nothing is rewarded): the first that a table or row holds is shown.
+HEADLINES = (Headline("reward_mean", "reward", "reward mean", "mean reward per iteration"),
+             Headline("nll", "nll", "nll", "negative log-likelihood per assistant token"))
 
 
 def is_trained_row(row: dict) -> bool:
@@ -33,19 +44,16 @@ def is_trained_row(row: dict) -> bool:
 
 
 def headline(row: dict) -> tuple[str, float | None]:
-    """(label, value) of the row's training signal (``HEADLINES``); ("reward", None) when it has none."""
-    for column, label in HEADLINES:
-        if row.get(column) is not None:
-            return label, row[column]
-    return "reward", None
+    """(label, value) of the row's training signal (``HEADLINES``); the first label and None when it has none."""
+    for h in HEADLINES:
+        if row.get(h.column) is not None:
+            return h.label, row[h.column]
+    return HEADLINES[0].label, None
 
 
-def headline_column(metrics: pa.Table) -> tuple[str, str]:
-    """(column, label) of the table's training signal: the first of ``HEADLINES`` with a recorded value."""
-    for column, label in HEADLINES:
-        if _points(metrics, column)[0]:
-            return column, label
-    return HEADLINES[0]
+def headline_of(metrics: pa.Table) -> Headline:
+    """The table's training signal: the first of ``HEADLINES`` with a recorded value."""
+    return next((h for h in HEADLINES if _points(metrics, h.column)[0]), HEADLINES[0])
 
 
 def _points(metrics: pa.Table, column: str) -> tuple[list[int], list[float]]:
@@ -76,15 +84,15 @@ def plot_curves(metrics: pa.Table, title: str = "GRPO training curves") -> bytes
     ax_reward, ax_eval = fig.subplots(2, 1, sharex=True)
     fig.suptitle(title)
 
-    column, label = headline_column(metrics)
-    its, rewards = _points(metrics, column)
+    signal = headline_of(metrics)
+    its, rewards = _points(metrics, signal.column)
     if its:
         ax_reward.plot(its, rewards, marker="o", markersize=3, linewidth=1.5, color="tab:blue")
     else:
-        ax_reward.text(0.5, 0.5, f"no {column} recorded", ha="center", va="center", transform=ax_reward.transAxes)
-    ax_reward.set_ylabel(column)
-    ax_reward.set_title("mean reward per iteration" if label == "reward" else
-                        "negative log-likelihood per assistant token", fontsize=10)
+        ax_reward.text(0.5, 0.5, f"no {signal.column} recorded", ha="center", va="center",
+                       transform=ax_reward.transAxes)
+    ax_reward.set_ylabel(signal.column)
+    ax_reward.set_title(signal.title, fontsize=10)
     ax_reward.grid(True, alpha=0.3)
 
     its, accs = _points(metrics, "eval_accuracy")
@@ -175,8 +183,8 @@ def summary_lines(metrics: pa.Table) -> list[str]:
         return ["iterations: 0"]
     lines = [f"iterations: {len(iterations)} ({min(iterations)}..{max(iterations)})"]
     lines.append(_first_last(metrics, "eval_accuracy", "eval accuracy"))
-    column, label = headline_column(metrics)
-    lines.append(_first_last(metrics, column, "reward mean" if label == "reward" else label))
+    signal = headline_of(metrics)
+    lines.append(_first_last(metrics, signal.column, signal.summary))
 
     stage_means = []
     stage_total = 0.0

@@ -15,6 +15,7 @@ from prefect.cache_policies import NONE
 from grpo_core.data.schemas import conversation_rows
 from tasks.context import RunContext
 from tasks.results import RolloutResult, ScoreResult
+from tasks.rollout import policy_lengths
 
 BATCH_FILE = "scored.parquet"
 
@@ -23,23 +24,18 @@ BATCH_FILE = "scored.parquet"
 def conversations(ctx: RunContext, iteration: int) -> tuple[RolloutResult, ScoreResult]:
     """The batch file and what it holds, as the results of a rollout and its scoring would say it (the iteration's
     metrics row is the same shape for every run; the rollout's lengths are the assistant tokens trained on)."""
-    started = time.perf_counter()
     version = ctx.cfg.window.sampling_version(iteration)
     done = ctx.store.entry(iteration, BATCH_FILE)
     if done is not None and done.meta.get("policy_version") == version:
-        meta = done.meta
-        reused = True
-    else:
-        table = conversation_rows(iteration, ctx.train_prompts.batch(iteration), version)
-        trained = [sum(mask) for mask in table.column("response_mask").to_pylist()]
-        meta = {"policy_version": version, "tokens": int(sum(trained)),
-                "response_length_mean": sum(trained) / len(trained), "response_length_max": max(trained),
-                "metrics": {"reward_mean": None, "kept_frac": 1.0}}
-        done = ctx.store.put_table(iteration, BATCH_FILE, table, meta=meta)
-        reused = False
-    seconds = time.perf_counter() - started
-    rollout = RolloutResult(name=BATCH_FILE, rows=done.rows, reused=reused, seconds=seconds,
-                            policy_version=meta["policy_version"], tokens=meta["tokens"],
-                            response_length_mean=meta["response_length_mean"],
-                            response_length_max=meta["response_length_max"], truncated_frac=0.0)
-    return rollout, ScoreResult(BATCH_FILE, done.rows, reused, dict(meta["metrics"]))
+        return (RolloutResult.from_meta(BATCH_FILE, done.rows, True, done.meta),
+                ScoreResult(BATCH_FILE, done.rows, True, dict(done.meta["metrics"])))
+    started = time.perf_counter()
+    table = conversation_rows(iteration, ctx.train_prompts.batch(iteration), version)
+    lengths = policy_lengths(table)
+    rollout = RolloutResult(name=BATCH_FILE, rows=table.num_rows, reused=False, seconds=time.perf_counter() - started,
+                            policy_version=version, tokens=int(sum(lengths)),
+                            response_length_mean=sum(lengths) / len(lengths), response_length_max=max(lengths),
+                            truncated_frac=0.0)
+    metrics = {"reward_mean": None, "kept_frac": 1.0}
+    ctx.store.put_table(iteration, BATCH_FILE, table, meta={**rollout.meta(), "metrics": metrics})
+    return rollout, ScoreResult(BATCH_FILE, table.num_rows, False, metrics)

@@ -37,6 +37,12 @@ def test_the_placement_check_finds_a_branch(tmp_path):
     assert placement_comparisons(path) == [2, 4]
 
 
+def _is_flow(decorator: ast.expr) -> bool:
+    """``@flow`` or ``@flow(...)``."""
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return isinstance(target, ast.Name) and target.id == "flow"
+
+
 def untyped_returns(path: Path) -> list[str]:
     """Functions whose return annotation is ``dict[str, Any]`` (optionally ``| None``), but Prefect flows: a flow's
     return value is what Prefect keeps as the flow run's result (a dict, which the UI and a parent flow read)."""
@@ -44,7 +50,7 @@ def untyped_returns(path: Path) -> list[str]:
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None \
                 and "dict[str, Any]" in ast.unparse(node.returns) \
-                and not any("flow" in ast.unparse(d).split("(")[0] for d in node.decorator_list):
+                and not any(_is_flow(d) for d in node.decorator_list):
             out.append(f"{path.relative_to(REPO)}:{node.name}")
     return out
 

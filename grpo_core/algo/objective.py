@@ -3,9 +3,9 @@ policy objective (off-policy correction, clipped policy gradient, KL to the refe
 supervised one (the negative log-likelihood of the target tokens, for SFT).
 
 Why functions behind one interface: the learner's step owns forward, backward and the optimizer, nothing of the
-loss; a new objective is another function beside these, chosen by ``make_objective`` from the run's
-objective kind (``GRPOConfig.objective``), not an edit of the step. ``tests/test_algo_objective.py`` holds the policy objective to the bit
-against the loss the learner assembled inline before (saved batches).
+loss; a new objective is another function beside these, chosen by ``make_objective`` from the run's objective kind
+(``GRPOConfig.objective``), not an edit of the step. ``tests/test_algo_objective.py`` holds the policy objective to
+the bit against the loss the learner assembled inline before (saved batches).
 """
 from __future__ import annotations
 

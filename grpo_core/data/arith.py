@@ -86,6 +86,7 @@ def write_conversations(out_dir: str | Path, seed: int = DEFAULT_SEED) -> dict[s
 
 
 if __name__ == "__main__":
-    for name, p in {**write_splits("data/arith"), **{f"sft {k}": v for k, v in
-                                                     write_conversations("data/arith-sft").items()}}.items():
+    for name, p in write_splits("data/arith").items():
         print(name, p)
+    for name, p in write_conversations("data/arith-sft").items():
+        print("sft", name, p)

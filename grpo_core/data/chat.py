@@ -49,13 +49,14 @@ class ConversationTokenizer:
         if len(full) > self.max_tokens:
             raise DataError(f"{where}: the conversation has {len(full)} tokens, more than sft.max_tokens="
                             f"{self.max_tokens}")
-        prompt = self._ids(messages[:turns[0]], generation_prompt=True)
+        prompt = self._starts(messages[:turns[0]], full, where, turns[0], generation_prompt=True)
         mask = [0] * (len(full) - len(prompt))
         for i in turns:
-            start = len(self._starts(messages[:i], full, where, i, generation_prompt=True))
+            start = len(prompt) if i == turns[0] else \
+                len(self._starts(messages[:i], full, where, i, generation_prompt=True))
             end = len(self._starts(messages[:i + 1], full, where, i))
             span = full[start:end]
-            if not span or start < len(prompt):
+            if not span:
                 raise DataError(f"{where}[{i}]: the assistant turn has no tokens of its own in the chat template's "
                                 f"rendering")
             last_end = max((k for k, t in enumerate(span) if t in self.end_ids), default=len(span) - 1)

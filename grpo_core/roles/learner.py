@@ -143,9 +143,9 @@ class LearnerRole:
         cols = table.select(["prompt_token_ids", "response_token_ids", "sampler_logprobs", "advantage", "kept"]
                             + ([RESPONSE_MASK] if episodes else []))
         data = cols.to_pydict()
-        sampled = data["sampler_logprobs"]  # null on rows nothing sampled (SFT's conversations)
+        sampled = table.column("sampler_logprobs").null_count < table.num_rows  # null: SFT's conversations
         batch = pack_batch(data["prompt_token_ids"], data["response_token_ids"],
-                           None if all(lp is None for lp in sampled) else sampled,
+                           data["sampler_logprobs"] if sampled else None,
                            data["advantage"], data["kept"], self.pad_id,
                            response_masks=_masks(data) if episodes else None)
         extra: dict[str, float] = {}
