@@ -39,7 +39,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Material for MkDocs prints a banner about its successor on every build
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs docs-check envs run-sft run-atropos run-openenv run-verifiers run-smollm2-atropos run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
+.PHONY: docs docs-check envs run-sft run-distill run-atropos run-openenv run-verifiers run-smollm2-atropos run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -138,6 +138,14 @@ run-smollm2-atropos: $(STAMP) $(ENVS_STAMP) $(SMOLLM2_MODEL)/grpo_build.json
 run-sft: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json
 	stamp=$$(date +%Y%m%d-%H%M%S); $(BIN)/grpo sft-rl --sft configs/smollm2-sft.yaml --rl configs/smollm2-sft-rl.yaml \
 		--set-sft run_name=smollm2-sft-$$stamp --set-rl run_name=smollm2-sft-rl-$$stamp
+
+# On-policy distillation on the real model: a teacher is trained first (SFT on worked answers, configs/smollm2-sft.yaml,
+# about 2.5 minutes), then the untrained SmolLM2-135M-Instruct, asked zero-shot, learns from that teacher's grading
+# of every token it samples (configs/smollm2-distill.yaml).
+run-distill: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json
+	stamp=$$(date +%Y%m%d-%H%M%S); $(BIN)/grpo sft --config configs/smollm2-sft.yaml --set run_name=smollm2-teacher-$$stamp \
+		&& $(BIN)/grpo train --config configs/smollm2-distill.yaml \
+		--set distill.teacher=smollm2-teacher-$$stamp --set run_name=smollm2-distill-$$stamp
 
 # GRPO on the real model: SmolLM2-135M-Instruct learns two-digit + one-digit addition in its own chat template.
 run-smollm2: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json

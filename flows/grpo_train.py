@@ -27,6 +27,7 @@ from rich.console import Console
 
 from grpo_core.cluster.engines import EngineLost, Engines
 from grpo_core.cluster.reward_models import RewardModels
+from grpo_core.cluster.teacher import TeacherActors
 from grpo_core.config import ConfigError, GRPOConfig, build_config, check_model_folder, load_config
 from grpo_core.data.chat import ConversationTokenizer, end_of_turn_ids
 from grpo_core.metric_sinks import MetricSinks
@@ -50,7 +51,8 @@ from tasks.results import (EvalResult, FillResult, InboxResult, IterationTimes, 
                            iteration_row)
 from tasks.rollout import rollout
 from tasks.run_log import run_logging
-from tasks.run_state import latest_checkpoint, prepare_run, record, resolve_inputs, scale_samplers, write_status
+from tasks.run_state import (RunInputs, latest_checkpoint, prepare_run, record, resolve_inputs, scale_samplers,
+                             write_status)
 from tasks.score import assemble, group_outcomes, score
 from tasks.sync import ensure_synced, sync
 from tasks.train import train
@@ -81,12 +83,12 @@ class _Stages:
         self.record, self.write_status, self.scale_samplers = stage(record), stage(write_status), stage(scale_samplers)
 
 
-def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: dict[str, list[str]]) -> RunContext:
+def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, inputs: RunInputs) -> RunContext:
     from transformers import AutoTokenizer
 
     from grpo_core.data.files import merged, read_prompt_files
 
-    d = cfg.data
+    d, files = cfg.data, inputs.data_files
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     if cfg.sft is not None:  # SFT: conversations, the loss on their assistant turns
         encoder = ConversationTokenizer(tokenizer, cfg.reward.type, d.system_prompt, cfg.sft.max_tokens,
@@ -115,22 +117,27 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, files: d
                   f"{store.uri}/skipped_rows.json; first: {rows[0]}")
     engines = Engines(cfg)
     r = cfg.reward
-    reward_models = None
+    reward_models = teacher = None
     try:
-        if r.models:  # their actors go on the run's Ray (without it, the first actor started a default Ray)
+        if r.models or cfg.distill is not None:  # their actors go on the run's Ray (else a default Ray would start)
             engines.connect()
+        if r.models:
             reward_models = RewardModels(cfg)
+        if cfg.distill is not None:
+            teacher = TeacherActors(cfg, inputs.teacher_folder)
         scorer = Scorer(reward_type=r.type, rewards=r.rewards, weights=r.weights, num_workers=r.num_workers,
                         timeout_s=r.timeout_s, options=r.options, dedupe=r.dedupe,
                         models=reward_models.clients() if reward_models else None)
     except BaseException:  # no context holds them yet: stop what started
         if reward_models is not None:
             reward_models.close()
+        if teacher is not None:
+            teacher.close()
         engines.close()
         raise
     return RunContext(cfg=cfg, store=store, engines=engines, scorer=scorer, train_prompts=stream, status=status,
                       eval_sets=eval_sets, eval_scorers=EvalScorers(cfg, eval_sets, scorer) if eval_sets else None,
-                      reward_models=reward_models)
+                      reward_models=reward_models, teacher=teacher)
 
 
 @dataclass
@@ -285,7 +292,9 @@ def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> RunOutcome:
     try:
         inputs = stages.resolve_inputs(cfg, store)
         print(f"starting weights: {inputs.weights_from}; train data: " + ", ".join(inputs.data_files["train"]))
-        ctx = _build_context(cfg.starting_from(inputs.weights_folder), store, plan.status, inputs.data_files)
+        if inputs.teacher_folder is not None:
+            print(f"distillation teacher: {inputs.teacher_from}")
+        ctx = _build_context(cfg.starting_from(inputs.weights_folder), store, plan.status, inputs)
         return _train(ctx, stages, plan.checkpoint, started, terminal)
     except BaseException as exc:
         try:
@@ -304,6 +313,8 @@ def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> RunOutcome:
                 ctx.eval_scorers.close()
             if ctx.reward_models is not None:
                 ctx.reward_models.close()
+            if ctx.teacher is not None:
+                ctx.teacher.close()
             ctx.engines.close()
 
 

@@ -24,6 +24,7 @@ from grpo_core.config_sections import (  # the sections, re-exported: import the
     CheckpointConfig,
     ClusterConfig,
     DataConfig,
+    DistillConfig,
     EndpointConfig,
     EnvConfig,
     EvalConfig,
@@ -52,7 +53,8 @@ if TYPE_CHECKING:
     from grpo_core.pipeline.async_window import AsyncWindow
 
 __all__ = ["DEFAULT_EVAL_SET", "VLLM_LORA_RANKS", "AlgoConfig", "ChatTurn", "CheckpointConfig", "ClusterConfig",
-           "ConfigError", "DataConfig", "EndpointConfig", "EnvConfig", "EvalConfig", "EvalDatasetConfig", "GRPOConfig", "LoggingConfig",
+           "ConfigError", "DataConfig", "DistillConfig", "EndpointConfig", "EnvConfig", "EvalConfig",
+           "EvalDatasetConfig", "GRPOConfig", "LoggingConfig",
            "LoraConfig", "LoraTarget", "ModelConfig", "ModelRewardConfig", "RESUME_SAFE_FIELDS", "RewardConfig",
            "RoleResources", "RolloutConfig", "StorageConfig", "TrainConfig", "WeightsConfig", "build_config",
            "check_model_folder", "check_reward_model_folders",
@@ -99,6 +101,10 @@ class GRPOConfig(_Section):
     sft: SFTConfig | None = Field(
         default=None, description="supervised fine-tuning instead of RL: each iteration trains on conversations of "
                                   "data.train_path (data.format: chat), the loss on their assistant turns (None: RL)")
+    distill: DistillConfig | None = Field(
+        default=None, description="on-policy distillation: a teacher model grades every sampled token, the "
+                                  "per-token advantage its logprob minus the student's (None: the reward's "
+                                  "advantages alone)")
     train: TrainConfig = Field(default_factory=TrainConfig, description="the optimizer and the learner's batches")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="placement of samplers and learners "
                                                                               "on Ray")
@@ -255,6 +261,7 @@ class GRPOConfig(_Section):
         if self.sft is None and self.rollout.samples_per_prompt < 2:
             raise ValueError("rollout.samples_per_prompt must be >= 2: group-relative advantages need a group")
         self._check_sft()
+        self._check_distill()
         budget = self.train.max_tokens_per_microbatch
         longest, what = (self.sft.max_tokens, f"sft.max_tokens = {self.sft.max_tokens}") if self.sft is not None \
             else (self.data.max_prompt_tokens + self.rollout.max_new_tokens,
@@ -324,6 +331,22 @@ class GRPOConfig(_Section):
             raise ValueError(f"sft is set (supervised fine-tuning on conversations): {', '.join(named)} belong to RL "
                              f"runs; remove them")
 
+    def _check_distill(self) -> None:
+        """The teacher grades sampled tokens: an SFT run samples none; KL in the reward rebuilds the advantages in
+        the learner (per sequence), which would overwrite the teacher's per-token ones."""
+        if self.distill is None:
+            return
+        if self.sft is not None:
+            raise ValueError("distill and sft are both set: on-policy distillation grades the student's own samples, "
+                             "an SFT run samples none; run them as two stages (grpo sft, then grpo train)")
+        if self.algo.kl_in_reward:
+            raise ValueError("distill is set with algo.kl_in_reward: the KL-shaped reward's advantages (per sequence) "
+                             "would replace the teacher's per-token advantages; use algo.kl_coeff as a loss term")
+        if self.algo.offpolicy == "neg_adv_mask":
+            raise ValueError("distill is set with algo.offpolicy=neg_adv_mask, which masks sequences by the sign of "
+                             "one advantage per sequence; the teacher's advantages are per token: choose another "
+                             "correction")
+
     def _check_lora(self) -> None:
         """LoRA trains a small adapter on a frozen base: ZeRO-3 would partition the base (unsupported here). Which
         transports carry adapters is the transport's own check."""
@@ -359,7 +382,8 @@ RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "logging", "cluster
                       "endpoint.host", "endpoint.port", "endpoint.token_env", "endpoint.wait_s",
                       "endpoint.max_open_episodes", "endpoint.clients", "endpoint.client_restarts",
                       "endpoint.groups_wait_s", "atropos.api_url", "atropos.api_command", "atropos.api_port",
-                      "atropos.envs", "atropos.env_restarts", "atropos.wait_s", "atropos.api_timeout_s")
+                      "atropos.envs", "atropos.env_restarts", "atropos.wait_s", "atropos.api_timeout_s",
+                      "distill.replicas", "distill.batch_size")
 
 
 # The cap of pi_old / pi_sampler in TIS (Yao et al.), sequence TIS and AReaL's decoupled objective.

@@ -138,6 +138,40 @@ class SFTConfig(_Section):
                             "included); a longer one is an error naming its file and row")
 
 
+class DistillConfig(_Section):
+    """On-policy distillation: the student (the policy) samples as in RL, a teacher model scores every sampled token,
+    and the per-token advantage is the teacher's logprob minus the student's (the negative reverse KL per token),
+    alone or with the verifiable reward's advantage mixed in by ``reward_weight``. The teacher runs in Ray actors of
+    its own (``cluster.reward_resources`` each, placed like the reward models) and must share the policy's tokenizer."""
+
+    teacher: str = Field(
+        min_length=1, description="an HF model folder, or a run (name or glob under storage.root) whose policy "
+                                  "teaches: its final/, else its latest checkpoint; resolved once per run and "
+                                  "recorded in teacher.json (a resume keeps the same teacher)")
+    system_prompt: str | None = Field(
+        default=None, description="the teacher's own system prompt (None: data.system_prompt); with few_shot, "
+                                  "setting either gives the teacher a context of its own, rendered from each row's "
+                                  "messages, instead of the student's prompt tokens")
+    few_shot: list[ChatTurn] | None = Field(
+        default=None, description="worked examples in the teacher's context only (None: data.few_shot): the "
+                                  "student learns to answer as the teacher does with them in view")
+    reward_weight: float = Field(default=0.0, ge=0.0, description="weight of the verifiable reward's advantage "
+                                 "added to every token's distillation advantage; 0: distillation alone")
+    replicas: int = Field(default=1, ge=1, description="teacher actors; a batch is split between them")
+    batch_size: int = Field(default=16, ge=1, description="rows per teacher forward pass")
+
+    @property
+    def own_context(self) -> bool:
+        """Whether the teacher's prompts are rendered with its own system prompt / worked examples (else it reads
+        the student's prompt tokens as they are)."""
+        return self.system_prompt is not None or self.few_shot is not None
+
+    @model_validator(mode="after")
+    def _few_shot_pairs(self) -> "DistillConfig":
+        _check_few_shot(self.few_shot or [], "distill.few_shot")
+        return self
+
+
 class RolloutConfig(_Section):
     prompts_per_iteration: int = Field(default=16, ge=1, description="prompts per iteration; the batch is this x "
                                                                      "samples_per_prompt sequences")

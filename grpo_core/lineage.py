@@ -21,6 +21,7 @@ from grpo_core.runs import FINAL, FINAL_MANIFEST, read_status, run_names
 from grpo_core.storage import RunStore
 
 INIT_FROM = "init_from.json"
+TEACHER = "teacher.json"
 
 
 class InitFromError(ValueError):
@@ -66,20 +67,23 @@ def resolve(spec: str | None, root: str, storage_options: dict | None, this_run:
     return max(candidates, key=lambda c: (c.finished_at or 0.0, c.run))
 
 
-def recorded_or_resolved(store: RunStore, spec: str | None, root: str,
-                         storage_options: dict | None) -> tuple[InitSource, bool]:
-    """(the source, whether it was recorded before): a run resolves ``init_from`` once, at its first start."""
-    doc = store.get_json_file(INIT_FROM)
+def recorded_or_resolved(store: RunStore, spec: str | None, root: str, storage_options: dict | None,
+                         record: str = INIT_FROM) -> tuple[InitSource, bool]:
+    """(the source, whether it was recorded before): a run resolves ``init_from`` (or the distillation teacher, in
+    ``teacher.json``) once, at its first start."""
+    doc = store.get_json_file(record)
     if isinstance(doc, dict) and doc.get("spec") == spec:
         return InitSource(**{k: doc.get(k) for k in InitSource.__dataclass_fields__}), True
     source = resolve(spec, root, storage_options, store.run_name)
-    store.put_json_file(INIT_FROM, source.to_json())
+    store.put_json_file(record, source.to_json())
     return source, False
 
 
-def local_policy_folder(source: InitSource, root: str, storage_options: dict | None, cache_dir: str) -> str | None:
+def local_policy_folder(source: InitSource, root: str, storage_options: dict | None, cache_dir: str,
+                        field: str = "model.init_from") -> str | None:
     """A local HF folder holding the source policy (None: start from model.path). On a remote run store the
-    policy's files (not the learner state) are copied to ``cache_dir`` once."""
+    policy's files (not the learner state) are copied to ``cache_dir`` once. ``field``: the config field that
+    named it, for the error."""
     if source.folder is None:
         return None
     if source.run is None:
@@ -90,8 +94,8 @@ def local_policy_folder(source: InitSource, root: str, storage_options: dict | N
     if "config.json" not in files:
         kind = "a LoRA adapter" if "adapter_config.json" in files else "no HF model"
         raise InitFromError(
-            f"model.init_from={source.spec!r} resolved to {store.url(source.folder)}, which holds {kind}; start "
-            "from a full model (for a LoRA run: `grpo export --merge RUN OUT`, then model.path=OUT)")
+            f"{field}={source.spec!r} resolved to {store.url(source.folder)}, which holds {kind}; use a full "
+            "model (for a LoRA run: `grpo export --merge RUN OUT`, then that folder)")
     local = store.local_path(source.folder)
     if local is not None:
         return local
@@ -103,12 +107,11 @@ def local_policy_folder(source: InitSource, root: str, storage_options: dict | N
     return target
 
 
-def describe(source: InitSource) -> str:
+def describe(source: InitSource, field: str = "model.init_from") -> str:
     if source.spec is None:
         return "model.path"
     if source.folder is None:
-        return f"model.path (model.init_from={source.spec!r} matched no run with a policy yet)"
+        return f"model.path ({field}={source.spec!r} matched no run with a policy yet)"
     if source.run is None:
-        return f"{source.folder} (model.init_from)"
-    return f"run {source.run}'s {source.folder} (policy version {source.policy_version}; model.init_from=" \
-           f"{source.spec!r})"
+        return f"{source.folder} ({field})"
+    return f"run {source.run}'s {source.folder} (policy version {source.policy_version}; {field}={source.spec!r})"

@@ -23,8 +23,8 @@ from prefect.artifacts import (
 from tasks.results import EvalResult
 
 # The columns of the metrics table artifact (the rest stay in metrics.parquet).
-TABLE_COLUMNS = ("iteration", "policy_version", "reward_mean", "nll", "accuracy_mean", "eval_accuracy",
-                 "loss", "grad_norm", "entropy", "clipfrac", "response_length_mean", "staleness_max",
+TABLE_COLUMNS = ("iteration", "policy_version", "reward_mean", "nll", "reverse_kl", "accuracy_mean",
+                 "eval_accuracy", "loss", "grad_norm", "entropy", "clipfrac", "response_length_mean", "staleness_max",
                  "sync_logprob_max_diff", "samplers", "time_total_s")
 SPARKS = "▁▂▃▄▅▆▇█"
 

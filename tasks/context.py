@@ -15,6 +15,7 @@ from prefect.utilities.annotations import quote
 from grpo_core.checkpoint import PendingCheckpoint
 from grpo_core.cluster.engines import Engines
 from grpo_core.cluster.reward_models import RewardModels
+from grpo_core.cluster.teacher import TeacherActors
 from grpo_core.config import GRPOConfig
 from grpo_core.endpoint.server import EndpointServer
 from grpo_core.outside_source import OutsideSource
@@ -36,6 +37,7 @@ class RunContext:
     eval_sets: list[EvalSet] = field(default_factory=list)   # the named eval sets, first set first
     eval_scorers: EvalScorers | None = None                  # an accuracy scorer per eval reward type
     reward_models: RewardModels | None = None                # the actors of reward.models (the scorer asks them)
+    teacher: TeacherActors | None = None                     # the distillation teacher's actors (distill set)
     pending_checkpoint: PendingCheckpoint | None = None
     endpoint: EndpointServer | None = None  # the policy endpoint (endpoint in the config), once the engines are up
     outside: OutsideSource | None = None    # where every group comes from (atropos or endpoint.clients)

@@ -27,6 +27,11 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
         ("accuracy_mean", "mean of the accuracy reward (None when accuracy is not among reward.rewards)"),
         ("reward_<name>_mean", "mean of reward component <name> over the rows it scored (rule rewards, plugins, "
                                "reward models and judges)"),
+        ("reverse_kl", "on-policy distillation: mean over the sampled tokens of log pi_student - log pi_teacher "
+                       "(the k1 estimate of KL(student || teacher) per token; the student's logprobs the sampler's)"),
+        ("teacher_logprob_mean", "on-policy distillation: the teacher's mean logprob of the sampled tokens"),
+        ("teacher_agreement", "on-policy distillation: share of the sampled tokens that are the teacher's most "
+                              "likely token there"),
         ("distinct_frac", "share of (response, dataset row) pairs verified once (reward.dedupe): repeats are "
                           "scored from the first"),
         ("kept_frac", "dynamic sampling (algo.filter_groups): share of sampled groups kept for training"),

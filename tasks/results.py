@@ -148,6 +148,9 @@ ALGORITHM_METRICS = ("nll", "clipfrac", "clipfrac_low", "clipfrac_high", "approx
                      "mismatch_abs_logp_mean", "mismatch_abs_logp_max", "offpolicy_weight_mean",
                      "offpolicy_masked_frac", "offpolicy_capped_frac")
 
+# On-policy distillation's metrics (the score stage's, distill set): columns only in a distillation run's rows.
+DISTILL_METRICS = ("reverse_kl", "teacher_logprob_mean", "teacher_agreement")
+
 
 @dataclass(frozen=True)
 class TrainResult:
@@ -212,6 +215,7 @@ def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, e
         "reward_mean": scored.reward_mean, "accuracy_mean": scored.metric("reward_accuracy_mean"),
         **scored.component_means(),
         "distinct_frac": scored.metric("distinct_frac"),
+        **{name: scored.metrics[name] for name in DISTILL_METRICS if name in scored.metrics},
         "loss": train.metrics["loss"], "grad_norm": train.metrics["grad_norm"], "lr": train.metrics["lr"],
         "padded_frac": train.metrics.get("padded_frac"),
         "computed_tokens_frac": train.metrics.get("computed_tokens_frac"),

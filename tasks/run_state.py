@@ -70,12 +70,15 @@ class RunInputs:
     weights_folder: str | None          # a local HF folder to start from; None: model.path
     weights_from: str                   # where they come from, in words
     data_files: dict[str, list[str]]    # {"train": [...], "eval:<set>": [...]}
+    teacher_folder: str | None = None   # distill: a local HF folder of the teacher (the resolved distill.teacher)
+    teacher_from: str | None = None     # where the teacher comes from, in words
 
 
 @task(name="resolve-inputs", cache_policy=NONE)
 def resolve_inputs(cfg: GRPOConfig, store: RunStore) -> RunInputs:
-    """Resolve ``model.init_from`` and the data folders/globs once per run (recorded in the run folder, reused by
-    resumes); copy a remote starting policy to ``$GRPO_CACHE_DIR/init_from`` (default ``.cache``)."""
+    """Resolve ``model.init_from``, ``distill.teacher`` and the data folders/globs once per run (recorded in the run
+    folder, reused by resumes); copy a remote starting policy or teacher to ``$GRPO_CACHE_DIR/init_from`` (default
+    ``.cache``)."""
     opts = cfg.storage.options or None
     source, _ = lineage.recorded_or_resolved(store, cfg.model.init_from, cfg.storage.root, opts)
     cache = os.path.join(os.environ.get("GRPO_CACHE_DIR", ".cache"), "init_from")
@@ -83,7 +86,18 @@ def resolve_inputs(cfg: GRPOConfig, store: RunStore) -> RunInputs:
     specs = {"train": cfg.data.train_path}
     specs.update({eval_files_key(name): spec.path for name, spec in cfg.eval_sets().items()})
     files = data_files.recorded_or_resolved(store, specs, opts)
-    return RunInputs(weights_folder=folder, weights_from=lineage.describe(source), data_files=files)
+    teacher = teacher_from = None
+    if cfg.distill is not None:
+        spec = cfg.distill.teacher
+        found, _ = lineage.recorded_or_resolved(store, spec, cfg.storage.root, opts, record=lineage.TEACHER)
+        if found.folder is None:
+            store.delete(lineage.TEACHER)  # not a choice to keep: a resume looks again
+            raise lineage.InitFromError(f"distill.teacher={spec!r} is neither a model folder (with config.json) nor "
+                                        f"a run under {cfg.storage.root} with a policy (final/ or a checkpoint)")
+        teacher = lineage.local_policy_folder(found, cfg.storage.root, opts, cache, field="distill.teacher")
+        teacher_from = lineage.describe(found, field="distill.teacher")
+    return RunInputs(weights_folder=folder, weights_from=lineage.describe(source), data_files=files,
+                     teacher_folder=teacher, teacher_from=teacher_from)
 
 
 @task(name="latest-checkpoint", cache_policy=NONE)

@@ -16,6 +16,7 @@ from prefect.cache_policies import NONE
 
 from grpo_core.algo import group_filter
 from grpo_core.pipeline.difficulty_pool import GroupOutcome
+from grpo_core.pipeline.distillation import with_teacher_signal
 from grpo_core.pipeline.scoring import add_advantages, group_success, score_table, with_rewards
 from grpo_core.storage import RunStore
 from tasks.context import RunContext
@@ -62,6 +63,10 @@ def score(ctx: RunContext, iteration: int, rollout_name: str) -> ScoreResult:
                 parts.append(masked_copies(taken, missing, g))
                 metrics["groups_masked"] = float(missing)
     scored = pa.concat_tables(parts, promote_options="default")
+    if ctx.teacher is not None:  # on-policy distillation: the teacher grades every sampled token
+        scored, teacher_metrics = with_teacher_signal(scored, ctx.teacher, reward_weight=ctx.cfg.distill.reward_weight,
+                                                      prompt_key=ctx.cfg.data.prompt_key)
+        metrics.update(teacher_metrics)
     metrics["score_seconds"] = time.perf_counter() - started
     entry = ctx.store.put_table(iteration, out_name, scored,
                                 meta={"source_sha256": source.sha256 if source else None, "metrics": metrics})

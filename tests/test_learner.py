@@ -463,3 +463,25 @@ def test_sft_loss_is_the_models_cross_entropy_on_assistant_tokens_only(tiny_mode
     assert cfg.grad_accum_steps == 3 and learner.version == 1  # one optimizer step over three micro-batches
     assert metrics["loss"] == pytest.approx(total / count, abs=1e-5)
     assert metrics["nll"] > 0 and "clipfrac" not in metrics
+
+
+def test_per_token_advantages_equal_to_each_rows_advantage_give_the_per_row_step(tiny_model):
+    """On-policy distillation hands the learner one advantage per response token: the same value on every token of
+    a row is the per-row step (through micro-batches, mini-batches and a second epoch's old logprobs); a value on one
+    token only is another step."""
+    g = torch.Generator().manual_seed(3)
+    n = 8
+    prompts = [torch.randint(3, 300, (5 + i % 3,), generator=g).tolist() for i in range(n)]
+    responses = [torch.randint(3, 300, (2 + i % 4,), generator=g).tolist() + [2] for i in range(n)]
+    adv = (torch.arange(n, dtype=torch.float32) - (n - 1) / 2).tolist()
+    steps = {}
+    for name, per_token in (("row", None), ("tokens", [[a] * len(r) for a, r in zip(adv, responses)]),
+                            ("first", [[a] + [0.0] * (len(r) - 1) for a, r in zip(adv, responses)])):
+        batch = pack_batch(prompts, responses, None, adv, [True] * n, pad_id=0, token_advantages=per_token)
+        learner = _learner(tiny_model, micro=2, accum=2, mini_batch_size=4, ppo_epochs=2)
+        metrics = learner.train_step(batch)
+        steps[name] = (metrics["loss"], _weights(learner))
+    (loss_row, row), (loss_tok, tok), (_, first) = steps["row"], steps["tokens"], steps["first"]
+    assert loss_tok == pytest.approx(loss_row, abs=1e-6)
+    assert max(float((row[k] - tok[k]).abs().max()) for k in row) < 5e-4  # float noise, as above
+    assert max(float((row[k] - first[k]).abs().max()) for k in row) > 5e-3

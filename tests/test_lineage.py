@@ -88,3 +88,31 @@ def test_an_hf_folder_is_used_as_it_is(tmp_path):
     (tmp_path / "model" / "config.json").write_text("{}")
     src = lineage.resolve(str(tmp_path / "model"), str(tmp_path / "runs"), None, this_run="b")
     assert lineage.local_policy_folder(src, str(tmp_path / "runs"), None, "unused") == str(tmp_path / "model")
+
+
+def test_the_distillation_teacher_is_resolved_like_init_from_into_teacher_json(tmp_path):
+    from grpo_core.config import build_config
+    from tasks.run_state import resolve_inputs
+
+    root = str(tmp_path)
+    (tmp_path / "data.jsonl").write_text('{"messages": [{"role": "user", "content": "q"}], "gt_answer": "1"}\n')
+
+    def inputs(teacher: str, run: str):
+        cfg = build_config({"run_name": run, "model": {"path": "m"},
+                            "data": {"train_path": str(tmp_path / "data.jsonl")}, "distill": {"teacher": teacher},
+                            "storage": {"root": root}})
+        return resolve_inputs.fn(cfg, RunStore(root, run))
+
+    with pytest.raises(lineage.InitFromError, match=r"distill.teacher='teacher-\*' is neither a model folder"):
+        inputs("teacher-*", "student-1")
+    assert not (tmp_path / "student-1" / lineage.TEACHER).exists()  # no choice recorded: a resume looks again
+    _run(root, "teacher-1", updated_at=100.0, final=True)
+    got = inputs("teacher-*", "student-1")
+    assert got.teacher_folder == str(tmp_path / "teacher-1" / "final") and "run teacher-1's final" in got.teacher_from
+    assert json.loads((tmp_path / "student-1" / lineage.TEACHER).read_text())["run"] == "teacher-1"
+    _run(root, "teacher-2", updated_at=200.0, final=True)  # newer, but the run keeps its recorded teacher
+    assert inputs("teacher-*", "student-1").teacher_folder == str(tmp_path / "teacher-1" / "final")
+    assert inputs("teacher-*", "student-2").teacher_folder == str(tmp_path / "teacher-2" / "final")
+    assert inputs(str(tmp_path / "teacher-1" / "final"), "student-3").teacher_folder == \
+        str(tmp_path / "teacher-1" / "final")  # a model folder (with config.json) as it is
+    assert json.loads((tmp_path / "student-1" / lineage.INIT_FROM).read_text())["spec"] is None

@@ -34,6 +34,13 @@ SCORE_FIELDS = [
 ]
 
 
+# On-policy distillation (``distill`` in the config) adds two columns to the scored rows, one value per response
+# token: the teacher's logprob of it and the per-token advantage the learner then trains on instead of ``advantage``
+# (``grpo_core.pipeline.distillation``).
+TEACHER_LOGPROBS = "teacher_logprobs"
+TOKEN_ADVANTAGE = "token_advantage"
+
+
 # Multi-turn episodes (``env`` in the config) add these columns after the fixed ones. ``response_token_ids`` then
 # holds every token after the prompt, the environment's included; ``response_mask`` says which the policy sampled
 # (1) and which an environment wrote (0; their ``sampler_logprobs`` are 0.0). ``response_text`` is the last assistant

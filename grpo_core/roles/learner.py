@@ -18,7 +18,7 @@ from grpo_core import checkpoint
 from grpo_core.checkpoint import CheckpointRef, CheckpointWriter, Snapshot, WrittenFiles
 from grpo_core.config import GRPOConfig
 from grpo_core.roles.threads import pin_torch_threads
-from grpo_core.data.schemas import RESPONSE_MASK
+from grpo_core.data.schemas import RESPONSE_MASK, TOKEN_ADVANTAGE
 from grpo_core.netaddr import listening_socket
 from grpo_core.results import CheckpointStarted, FinalPolicy, Restored, TrainStep
 from grpo_core.storage import RunStore
@@ -140,14 +140,16 @@ class LearnerRole:
         pin_torch_threads(self.threads)
         table = self.store.get_table(iteration, name)
         episodes = RESPONSE_MASK in table.column_names  # multi-turn: environment tokens are out of the loss
+        per_token = TOKEN_ADVANTAGE in table.column_names  # on-policy distillation: the teacher's per-token signal
         cols = table.select(["prompt_token_ids", "response_token_ids", "sampler_logprobs", "advantage", "kept"]
-                            + ([RESPONSE_MASK] if episodes else []))
+                            + ([RESPONSE_MASK] if episodes else []) + ([TOKEN_ADVANTAGE] if per_token else []))
         data = cols.to_pydict()
         sampled = table.column("sampler_logprobs").null_count < table.num_rows  # null: SFT's conversations
         batch = pack_batch(data["prompt_token_ids"], data["response_token_ids"],
                            data["sampler_logprobs"] if sampled else None,
                            data["advantage"], data["kept"], self.pad_id,
-                           response_masks=_masks(data) if episodes else None)
+                           response_masks=_masks(data) if episodes else None,
+                           token_advantages=data[TOKEN_ADVANTAGE] if per_token else None)
         extra: dict[str, float] = {}
         if self.cfg.algo.kl_in_reward:
             batch.advantages, extra = self._kl_shaped_advantages(batch, table.column("shaped_reward").to_pylist())

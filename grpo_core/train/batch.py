@@ -21,7 +21,7 @@ class TokenBatch:
     attention_mask: torch.Tensor   # [B, L]
     response_mask: torch.Tensor    # [B, L-1] 1.0 where column j predicts a response token the policy sampled
     sampler_logprobs: torch.Tensor  # [B, L-1] the sampler's logprob of that token (0 elsewhere)
-    advantages: torch.Tensor       # [B]
+    advantages: torch.Tensor       # [B], or [B, L-1] per token (on-policy distillation: 0 off the response)
     row_mask: torch.Tensor         # [B] 1.0 for rows that count in the loss (kept, not filtered)
     has_sampler_logprobs: bool = True  # False: packed without them (sampler_logprobs is all zeros)
 
@@ -74,7 +74,8 @@ class TokenBatch:
         if width >= self.input_ids.shape[1]:
             return self
         return TokenBatch(self.input_ids[:, :width], self.attention_mask[:, :width],
-                          self.response_mask[:, :width - 1], self.sampler_logprobs[:, :width - 1], self.advantages,
+                          self.response_mask[:, :width - 1], self.sampler_logprobs[:, :width - 1],
+                          self.advantages if self.advantages.dim() == 1 else self.advantages[:, :width - 1],
                           self.row_mask, has_sampler_logprobs=self.has_sampler_logprobs)
 
 
@@ -155,8 +156,12 @@ def equal_counts(plans: list[list[list[int]]]) -> list[list[list[int]]]:
 
 def pack_batch(prompts: list[list[int]], responses: list[list[int]], sampler_logprobs: list[list[float]] | None,
                advantages: list[float], row_mask: list[bool], pad_id: int,
-               response_masks: list[list[int]] | None = None) -> TokenBatch:
+               response_masks: list[list[int]] | None = None,
+               token_advantages: list[list[float]] | None = None) -> TokenBatch:
     """Right-pad ``prompt + response`` per row. Rows keep their order.
+
+    ``token_advantages`` (on-policy distillation): one advantage per response token, used instead of ``advantages``
+    (the batch's advantages are then [B, L-1], in shifted space like the logprobs).
 
     ``response_masks`` (multi-turn episodes): per response token, 1 where the policy sampled it and 0 where an
     environment wrote it; those tokens stay in the sequence but out of ``response_mask`` (no loss, no gradient, no
@@ -169,21 +174,10 @@ def pack_batch(prompts: list[list[int]], responses: list[list[int]], sampler_log
         raise ValueError("pack_batch: prompts, responses, advantages and row_mask must have the same length")
     p_len = np.fromiter(map(len, prompts), dtype=np.int64, count=n)
     r_len = np.fromiter(map(len, responses), dtype=np.int64, count=n)
-    if sampler_logprobs is not None:
-        if len(sampler_logprobs) != n:
-            raise ValueError(f"pack_batch: {len(sampler_logprobs)} rows of sampler logprobs for {n} rows")
-        lp_len = np.fromiter(map(len, sampler_logprobs), dtype=np.int64, count=n)
-        bad = np.flatnonzero(lp_len != r_len)
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"row {i}: {lp_len[i]} sampler logprobs for {r_len[i]} response tokens")
-    if response_masks is not None:
-        if len(response_masks) != n:
-            raise ValueError(f"pack_batch: {len(response_masks)} rows of response masks for {n} rows")
-        bad = np.flatnonzero(np.fromiter(map(len, response_masks), dtype=np.int64, count=n) != r_len)
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"row {i}: a response mask of {len(response_masks[i])} for {r_len[i]} response tokens")
+    for values, what in ((sampler_logprobs, "sampler logprobs"), (response_masks, "response mask values"),
+                         (token_advantages, "token advantages")):
+        if values is not None:
+            _check_one_per_response_token(values, r_len, what)
     seq_len = p_len + r_len
     length = int(seq_len.max())
     # (row, column) of every token of prompt + response, and of every response token in shifted space
@@ -207,9 +201,27 @@ def pack_batch(prompts: list[list[int]], responses: list[list[int]], sampler_log
     if sampler_logprobs is not None:
         samp[r_at] = torch.from_numpy(np.fromiter(chain.from_iterable(sampler_logprobs), dtype=np.float32,
                                                   count=len(r_rows)))
-    return TokenBatch(input_ids, attention, resp_mask, samp, torch.tensor(advantages, dtype=torch.float32),
+    if token_advantages is None:
+        adv = torch.tensor(advantages, dtype=torch.float32)
+    else:
+        adv = torch.zeros((n, length - 1), dtype=torch.float32)
+        adv[r_at] = torch.from_numpy(np.fromiter(chain.from_iterable(token_advantages), dtype=np.float32,
+                                                 count=len(r_rows)))
+    return TokenBatch(input_ids, attention, resp_mask, samp, adv,
                       torch.tensor([1.0 if k else 0.0 for k in row_mask], dtype=torch.float32),
                       has_sampler_logprobs=sampler_logprobs is not None)
+
+
+def _check_one_per_response_token(values: list[list], r_len: np.ndarray, what: str) -> None:
+    """Per-token values (sampler logprobs, a response mask, token advantages): one list per row, as long as its
+    response; else an error naming the first row that is not."""
+    if len(values) != len(r_len):
+        raise ValueError(f"pack_batch: {len(values)} rows of {what} for {len(r_len)} rows")
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(r_len))
+    bad = np.flatnonzero(lengths != r_len)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"row {i}: {lengths[i]} {what} for {r_len[i]} response tokens")
 
 
 def _row_and_offset(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -337,8 +337,9 @@ class Learner:
                     # the sampler/learner agreement on every token is measured without a correction too
                     sampler_logp = mb.sampler_logprobs[:, :width].to(self.device) \
                         if (a.offpolicy or "none") != "none" or mb.has_sampler_logprobs else None
+                    adv = mb.advantages if mb.advantages.dim() == 1 else mb.advantages[:, :width]  # [B] / per token
                     loss, metrics = self.objective(ObjectiveInputs(
-                        logp, mb_old, mb.advantages.to(self.device), mask, entropy=entropy, denominator=denom,
+                        logp, mb_old, adv.to(self.device), mask, entropy=entropy, denominator=denom,
                         norm_length=norm_length, sampler_logprobs=sampler_logp,
                         ref_logprobs=None if ref_logp is None else ref_logp[mini_idx][idx][:, :width].to(self.device)))
                     gathered.add(metrics)

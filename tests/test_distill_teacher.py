@@ -1,0 +1,135 @@
+"""On-policy distillation's teacher and score stage, in this process on the built tiny model: the teacher's logprobs
+against a plain transformers forward (its own context included), the per-token advantage columns against hand
+values, a teacher with another tokenizer refused, the learner's batch with per-token advantages, and the config's
+and the run folder's rules (teacher resolution, refusals)."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+import torch
+
+from grpo_core.config import GRPOConfig
+from grpo_core.data.prompts import chat_messages
+from grpo_core.data.schemas import RESPONSE_MASK, TEACHER_LOGPROBS, TOKEN_ADVANTAGE
+from grpo_core.pipeline.distillation import with_teacher_signal
+from grpo_core.teacher import TeacherInput
+from grpo_core.teacher.causal_lm import CausalLMTeacher, TeacherError, check_same_vocabulary
+from grpo_core.train.batch import pack_batch
+
+EXAMPLE = [{"role": "user", "content": "What is 52 + 7?"}, {"role": "assistant", "content": "\\boxed{59}"}]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return tiny_model, AutoTokenizer.from_pretrained(tiny_model), \
+        AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+
+
+def _plain_logprobs(model, prompt: list[int], response: list[int]) -> list[float]:
+    """log p(response[t] | prompt, response[:t]) by one unbatched forward, the obvious way."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0]
+    logp = torch.log_softmax(logits.float(), -1)
+    return [float(logp[len(prompt) - 1 + t, tok]) for t, tok in enumerate(response)]
+
+
+def _rows(tokenizer):
+    """Three responses to one question, then one to another (the teacher scores a prompt's rows together)."""
+    rows = []
+    questions = (("What is 12 + 3?", ("12 + 3 = 15", "\\boxed{15}", "9")), ("What is 40 + 2?", ("42",)))
+    for question, answers in questions:
+        prompt = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                                                tokenize=False, add_generation_prompt=True),
+                                  add_special_tokens=False)
+        rows += [TeacherInput(tuple(prompt), (("user", question),), tuple(tokenizer.encode(a, add_special_tokens=False)))
+                 for a in answers]
+    return rows
+
+
+def test_the_teacher_scores_each_response_token_as_a_plain_forward_does(tiny):
+    path, tokenizer, model = tiny
+    rows = _rows(tokenizer)
+    teacher = CausalLMTeacher(path, student_path=path, batch_size=2)  # rows of unequal length share a batch
+    for row, scores in zip(rows, teacher.score(rows)):
+        expected = _plain_logprobs(model, list(row.prompt_token_ids), list(row.response_token_ids))
+        assert scores.logprobs == pytest.approx(expected, abs=1e-4)
+        assert len(scores.top_ids) == len(row.response_token_ids)
+    # with a context of its own: the prompt rendered from the row's messages with the worked example first
+    own = CausalLMTeacher(path, student_path=path, context=("boxed", "Be brief.", EXAMPLE))
+    chat = chat_messages([{"role": "user", "content": "What is 12 + 3?"}], "boxed", "Be brief.", EXAMPLE)
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),
+                              add_special_tokens=False)
+    assert own.prompt_ids(rows[0]) == prompt and prompt != list(rows[0].prompt_token_ids)
+    expected = _plain_logprobs(model, prompt, list(rows[1].response_token_ids))
+    assert own.score(rows[1:2])[0].logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_teacher_with_another_vocabulary_is_refused_naming_both_folders(tiny, smollm2_model):
+    from transformers import AutoTokenizer
+
+    path, tokenizer, _ = tiny
+    with pytest.raises(TeacherError, match=rf"distill.teacher {smollm2_model}: its tokenizer differs from the "
+                                           rf"policy's \({path}\): \d+ tokens against the policy's \d+"):
+        check_same_vocabulary(AutoTokenizer.from_pretrained(smollm2_model), tokenizer, smollm2_model, path)
+
+
+class _FixedTeacher:
+    """A teacher whose answers are given: the score stage's arithmetic checked by hand."""
+
+    def __init__(self, logprobs, top):
+        self.logprobs, self.top = logprobs, top
+
+    def score(self, rows):
+        from grpo_core.teacher import TeacherScores
+
+        return [TeacherScores(tuple(lp), tuple(t)) for lp, t in zip(self.logprobs, self.top)]
+
+
+def test_the_score_stage_writes_the_teacher_logprobs_and_per_token_advantages():
+    table = pa.table({
+        "prompt_token_ids": [[1, 2], [1, 2]], "response_token_ids": [[5, 6, 7], [8, 9]],
+        "sampler_logprobs": [[-1.0, -2.0, -0.5], [-0.25, -3.0]], "advantage": [1.0, -1.0],
+        RESPONSE_MASK: [[1, 1, 1], [1, 0]],  # the second row's last token an environment's
+        "messages": [[{"role": "user", "content": "q"}]] * 2})
+    teacher = _FixedTeacher([[-0.5, -2.5, -0.5], [-1.25, -9.0]], [[5, 0, 7], [0, 9]])
+    out, metrics = with_teacher_signal(table, teacher, reward_weight=0.5)
+    assert out.column(TEACHER_LOGPROBS).to_pylist() == [[-0.5, -2.5, -0.5], [-1.25, -9.0]]
+    # teacher - student, plus 0.5 x the reward's advantage, on the policy's tokens only
+    assert out.column(TOKEN_ADVANTAGE).to_pylist() == [[1.0, 0.0, 0.5], [-1.5, 0.0]]
+    assert metrics["reverse_kl"] == pytest.approx((-0.5 + 0.5 + 0.0 + 1.0) / 4)
+    assert metrics["teacher_agreement"] == pytest.approx(2 / 4)  # tokens 5 and 7 of row 0
+    assert metrics["teacher_logprob_mean"] == pytest.approx((-0.5 - 2.5 - 0.5 - 1.25) / 4)
+    assert out.column("advantage").to_pylist() == [1.0, -1.0]  # the reward's, kept for the record
+    short = _FixedTeacher([[-0.5, -2.5], [-1.25, -9.0]], [[5, 0], [0, 9]])
+    with pytest.raises(RuntimeError, match="row 0: the teacher gave 2 logprobs for 3 response tokens"):
+        with_teacher_signal(table, short)
+
+
+def test_per_token_advantages_pack_in_shifted_space_beside_the_logprobs():
+    batch = pack_batch([[1, 2], [3]], [[4, 5], [6, 7, 8]], [[-1.0, -2.0], [-3.0, -4.0, -5.0]], [0.0, 0.0],
+                       [True, True], pad_id=0, token_advantages=[[0.5, -0.5], [1.0, 2.0, 3.0]])
+    assert batch.advantages.shape == batch.response_mask.shape == (2, 3)
+    assert batch.advantages.tolist() == [[0.0, 0.5, -0.5], [1.0, 2.0, 3.0]]
+    assert torch.equal(batch.advantages != 0, batch.sampler_logprobs != 0)  # the same columns
+    assert batch.select(torch.tensor([0])).trimmed().advantages.tolist() == [[0.0, 0.5, -0.5]]
+    with pytest.raises(ValueError, match="row 1: 2 token advantages for 3 response tokens"):
+        pack_batch([[1], [3]], [[4], [6, 7, 8]], None, [0.0, 0.0], [True, True], pad_id=0,
+                   token_advantages=[[0.5], [1.0, 2.0]])
+
+
+def _config(**distill) -> dict:
+    return {"model": {"path": "m"}, "data": {"train_path": "t.jsonl"}, "distill": {"teacher": "m", **distill}}
+
+
+def test_the_config_refuses_what_cannot_go_with_a_teacher():
+    cfg = GRPOConfig(**_config())
+    assert cfg.distill.reward_weight == 0.0 and not cfg.distill.own_context
+    assert GRPOConfig(**_config(few_shot=EXAMPLE)).distill.own_context
+    with pytest.raises(ValueError, match="distill and sft are both set"):
+        GRPOConfig(**{**_config(), "sft": {}, "data": {"train_path": "t.jsonl", "format": "chat"}})
+    with pytest.raises(ValueError, match="distill is set with algo.kl_in_reward"):
+        GRPOConfig(**{**_config(), "algo": {"kl_coeff": 0.1, "kl_in_reward": True}})
+    with pytest.raises(ValueError, match="distill.few_shot must be pairs of turns"):
+        GRPOConfig(**_config(few_shot=EXAMPLE[:1]))
