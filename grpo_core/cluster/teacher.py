@@ -23,11 +23,11 @@ def teacher_context(cfg: GRPOConfig) -> tuple[str, str | None, list[dict]] | Non
 class TeacherHost:
     """What one teacher actor runs, its output in the run's logs/."""
 
-    def __init__(self, path: str, student_path: str, temperature: float, batch_size: int, context, threads: int,
+    def __init__(self, path: str, temperature: float, batch_size: int, context, threads: int,
                  output_file: str | None):
         if output_file is not None:
             redirect_process_output(output_file)
-        self.teacher = CausalLMTeacher(path, student_path=student_path, temperature=temperature,
+        self.teacher = CausalLMTeacher(path, student_path=None, temperature=temperature,
                                        batch_size=batch_size, context=context, threads=threads)
 
     def score(self, rows: list[TeacherInput]) -> list[TeacherScores]:
@@ -41,9 +41,8 @@ class TeacherActors(Teacher):
         d = cfg.distill
         if d is None:
             raise ValueError("TeacherActors needs a config with distill set")
-        self.folder = folder
         check_teacher_tokenizer(folder, cfg.model.path)  # here, before any actor: the error as it is
-        self.actors = ModelActors(cfg, TeacherHost, (folder, cfg.model.path, cfg.rollout.temperature, d.batch_size,
+        self.actors = ModelActors(cfg, TeacherHost, (folder, cfg.rollout.temperature, d.batch_size,
                                                      teacher_context(cfg)), d.replicas, "teacher")
 
     def score(self, rows: list[TeacherInput]) -> list[TeacherScores]:

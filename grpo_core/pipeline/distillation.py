@@ -13,6 +13,7 @@ import torch
 
 from grpo_core.algo.distill import distillation_advantages
 from grpo_core.data.schemas import RESPONSE_MASK, TEACHER_LOGPROBS, TOKEN_ADVANTAGE
+from grpo_core.rewards.scorer import prompt_messages
 from grpo_core.teacher import Teacher, TeacherInput
 
 
@@ -21,15 +22,9 @@ def teacher_inputs(table: pa.Table, prompt_key: str) -> list[TeacherInput]:
     prompts = table.column("prompt_token_ids").to_pylist()
     responses = table.column("response_token_ids").to_pylist()
     raw = table.column(prompt_key).to_pylist() if prompt_key in table.column_names else [None] * table.num_rows
-    return [TeacherInput(tuple(p), _messages(m), tuple(r)) for p, m, r in zip(prompts, raw, responses)]
-
-
-def _messages(prompt) -> tuple[tuple[str, str], ...]:
-    if isinstance(prompt, str):
-        return (("user", prompt),)
-    if isinstance(prompt, dict):
-        prompt = [prompt]
-    return tuple((str(m.get("role", "user")), str(m.get("content", ""))) for m in prompt or ())
+    # rows from outside sources may carry no dataset prompt: () (only a teacher with its own context reads it)
+    return [TeacherInput(tuple(p), () if m is None else prompt_messages(m, prompt_key, "the distillation teacher"),
+                         tuple(r)) for p, m, r in zip(prompts, raw, responses)]
 
 
 def _padded(rows: list[list[float]], width: int, dtype=torch.float64) -> torch.Tensor:

@@ -186,21 +186,25 @@ class Scorer:
         self.close()
 
 
-def reward_input(completion: str, row: dict, prompt_key: str, answer_key: str) -> RewardInput:
-    """What a model reward sees of a row: its prompt messages (a chat list, one message, or a plain string), the
-    completion and the gold answer if the row has one."""
-    prompt = row.get(prompt_key)
+def prompt_messages(prompt: Any, prompt_key: str, reader: str = "a model reward") -> tuple[tuple[str, str], ...]:
+    """A row's prompt (a chat list, one message, or a plain string) as (role, content) pairs; ``reader`` (who needs
+    it) names the error."""
     if isinstance(prompt, dict):
         prompt = [prompt]
     if isinstance(prompt, str):
-        messages: tuple[tuple[str, str], ...] = (("user", prompt),)
-    elif isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
-        messages = tuple((str(m.get("role", "user")), str(m.get("content", ""))) for m in prompt)
-    else:
-        raise ValueError(f"a model reward needs the prompt: the row's {prompt_key!r} column holds "
-                         f"{type(prompt).__name__}, not chat messages or a string")
+        return (("user", prompt),)
+    if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+        return tuple((str(m.get("role", "user")), str(m.get("content", ""))) for m in prompt)
+    raise ValueError(f"{reader} needs the prompt: the row's {prompt_key!r} column holds "
+                     f"{type(prompt).__name__}, not chat messages or a string")
+
+
+def reward_input(completion: str, row: dict, prompt_key: str, answer_key: str) -> RewardInput:
+    """What a model reward sees of a row: its prompt messages (a chat list, one message, or a plain string), the
+    completion and the gold answer if the row has one."""
     answer = row.get(answer_key)
-    return RewardInput(messages, completion, None if answer is None else str(answer))
+    return RewardInput(prompt_messages(row.get(prompt_key), prompt_key), completion,
+                       None if answer is None else str(answer))
 
 
 def _distinct_slots(items: list[tuple[str, dict]]) -> list[int]:

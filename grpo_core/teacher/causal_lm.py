@@ -49,13 +49,15 @@ class CausalLMTeacher(Teacher):
     template (its own system prompt and worked examples). Logprobs at ``temperature`` (the sampling temperature, as
     the student's recorded ones), in float32, ``batch_size`` rows of a prompt per forward."""
 
-    def __init__(self, path: str, *, student_path: str, temperature: float = 1.0, batch_size: int = 16,
+    def __init__(self, path: str, *, student_path: str | None, temperature: float = 1.0, batch_size: int = 16,
                  context: tuple[str, str | None, list[dict]] | None = None, threads: int | None = None):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if threads is not None:
             torch.set_num_threads(threads)
-        self.tokenizer = check_teacher_tokenizer(path, student_path)
+        # student_path None: the vocabulary was checked already (TeacherActors does it once, before the actors)
+        self.tokenizer = AutoTokenizer.from_pretrained(path) if student_path is None \
+            else check_teacher_tokenizer(path, student_path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self.temperature, self.batch_size, self.context = temperature, batch_size, context
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
