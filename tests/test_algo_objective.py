@@ -1,6 +1,10 @@
-"""The policy objective as one pure function, held to the bit against the loss the learner assembled inline before
+"""The policy objective as one pure function, held against the loss the learner assembled inline before
 (``tests/data/objective_reference.pt``: five saved micro-batches, made by ``Learner.train_step``'s own lines at
-commit a84a0ef for the algorithm variants below; loss, both gradients and every metric)."""
+commit a84a0ef for the algorithm variants below; loss, both gradients and every metric).
+
+The reference was saved on an AVX-512 Xeon; on an AVX2 EPYC torch's vectorized exp/log round a few elements one ulp
+the other way (measured: 1 to 2 of 48 gradient elements, by at most 1.5e-7 relative; the losses equal to the bit), so
+the comparison is to float32 rounding (2 ulps), not to the bit: any change of formula moves these by far more."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +19,7 @@ REFERENCE = torch.load(Path(__file__).parent / "data" / "objective_reference.pt"
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE))
-def test_the_objective_equals_the_learners_former_loss_to_the_bit(name):
+def test_the_objective_equals_the_learners_former_loss_to_float_rounding(name):
     ref = REFERENCE[name]
     x = ref["inputs"]
     logp = x["logp"].clone().requires_grad_(True)
@@ -26,12 +30,22 @@ def test_the_objective_equals_the_learners_former_loss_to_the_bit(name):
         sampler_logprobs=x["sampler"] if ref["has_sampler"] else None,
         ref_logprobs=x["ref"] if ref["has_ref"] else None)
     loss.backward()
-    assert torch.equal(loss.detach(), ref["loss"])
-    assert torch.equal(logp.grad, ref["grad_logp"])
+    _assert_rounding_close(loss.detach(), ref["loss"])
+    _assert_rounding_close(logp.grad, ref["grad_logp"])
     assert (entropy.grad is None) == (ref["grad_entropy"] is None)
     if entropy.grad is not None:
-        assert torch.equal(entropy.grad, ref["grad_entropy"])
-    assert metrics == ref["metrics"]
+        _assert_rounding_close(entropy.grad, ref["grad_entropy"])
+    assert metrics.keys() == ref["metrics"].keys()
+    for key, value in metrics.items():
+        assert value == pytest.approx(ref["metrics"][key], rel=ROUNDING, abs=1e-12), key
+
+
+ROUNDING = 2.5e-7  # two float32 ulps, relative
+
+
+def _assert_rounding_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected, rtol=ROUNDING, atol=1e-12)
 
 
 def test_each_term_moves_the_loss_it_should():

@@ -13,7 +13,8 @@ from grpo_core.data.prompts import chat_messages
 from grpo_core.data.schemas import RESPONSE_MASK, TEACHER_LOGPROBS, TOKEN_ADVANTAGE
 from grpo_core.pipeline.distillation import with_teacher_signal
 from grpo_core.teacher import TeacherInput
-from grpo_core.teacher.causal_lm import CausalLMTeacher, TeacherError, check_same_vocabulary
+from grpo_core.teacher.causal_lm import (
+    CausalLMTeacher, TeacherError, check_same_vocabulary, check_teacher_tokenizer)
 from grpo_core.train.batch import pack_batch
 
 EXAMPLE = [{"role": "user", "content": "What is 52 + 7?"}, {"role": "assistant", "content": "\\boxed{59}"}]
@@ -66,13 +67,30 @@ def test_the_teacher_scores_each_response_token_as_a_plain_forward_does(tiny):
     assert own.score(rows[1:2])[0].logprobs == pytest.approx(expected, abs=1e-4)
 
 
-def test_a_teacher_with_another_vocabulary_is_refused_naming_both_folders(tiny, smollm2_model):
+def test_a_teacher_with_another_vocabulary_is_refused_naming_both_folders(tiny, tmp_path):
+    """A teacher folder whose tokenizer has one token more (a family member with another vocabulary), and one
+    whose tokenizer gives two of the policy's tokens each other's ids."""
+    import json
+
     from transformers import AutoTokenizer
 
     path, tokenizer, _ = tiny
-    with pytest.raises(TeacherError, match=rf"distill.teacher {smollm2_model}: its tokenizer differs from the "
-                                           rf"policy's \({path}\): \d+ tokens against the policy's \d+"):
-        check_same_vocabulary(AutoTokenizer.from_pretrained(smollm2_model), tokenizer, smollm2_model, path)
+    larger = AutoTokenizer.from_pretrained(path)
+    larger.add_tokens(["<|teacher_only|>"], special_tokens=True)
+    larger.save_pretrained(tmp_path / "larger")
+    n = len(tokenizer.get_vocab())
+    with pytest.raises(TeacherError, match=rf"distill.teacher {tmp_path / 'larger'}: its tokenizer differs from the "
+                                           rf"policy's \({path}\): {n + 1} tokens against the policy's {n}\. "):
+        check_teacher_tokenizer(str(tmp_path / "larger"), path)
+    tokenizer.save_pretrained(tmp_path / "swapped")
+    spec = json.loads((tmp_path / "swapped" / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+    (tmp_path / "swapped" / "tokenizer.json").write_text(json.dumps(spec))
+    first = "a" if vocab["a"] > vocab["b"] else "b"  # the policy's lower id of the two is named
+    with pytest.raises(TeacherError, match=rf"token '{first}' is id {vocab[first]} there and "):
+        check_teacher_tokenizer(str(tmp_path / "swapped"), path)
+    check_same_vocabulary(AutoTokenizer.from_pretrained(path), tokenizer, path, path)  # the same: no error
 
 
 class _FixedTeacher:
