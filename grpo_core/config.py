@@ -122,6 +122,11 @@ class GRPOConfig(_Section):
         return "sft" if self.sft is not None else "policy_gradient"
 
     @property
+    def teacher_top_k_weight(self) -> float:
+        """The weight of the forward KL to a distillation teacher's top-K in the learner's loss (0: no such term)."""
+        return self.distill.top_k_weight if self.distill is not None and self.distill.top_k > 0 else 0.0
+
+    @property
     def learner_temperature(self) -> float:
         """What the learner divides the logits by: the sampling temperature, so that its logprobs are those of the
         policy that sampled (RL); 1 for SFT, whose loss is the data's likelihood under the model itself."""

@@ -157,6 +157,11 @@ class DistillConfig(_Section):
                                   "student learns to answer as the teacher does with them in view")
     reward_weight: float = Field(default=0.0, ge=0.0, description="weight of the verifiable reward's advantage "
                                  "added to every token's distillation advantage; 0: distillation alone")
+    top_k: int = Field(default=0, ge=0, le=64, description="0: the sampled token's signal only; K > 0: the teacher "
+                       "also returns its K most likely tokens at every response position, and the loss adds "
+                       "top_k_weight x the forward KL from the teacher's top-K (renormalised) to the student there")
+    top_k_weight: float = Field(default=1.0, ge=0.0, description="weight of the top-K forward KL term in the loss "
+                                "(with top_k > 0)")
     replicas: int = Field(default=1, ge=1, description="teacher actors; a batch is split between them")
     batch_size: int = Field(default=16, ge=1, description="rows per teacher forward pass")
 

@@ -32,6 +32,8 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
         ("teacher_logprob_mean", "on-policy distillation: the teacher's mean logprob of the sampled tokens"),
         ("teacher_agreement", "on-policy distillation: share of the sampled tokens that are the teacher's most "
                               "likely token there"),
+        ("teacher_top_k_mass", "on-policy distillation with distill.top_k: the teacher's mean probability mass in "
+                               "its top K at the sampled positions (the share of its distribution the KL sees)"),
         ("distinct_frac", "share of (response, dataset row) pairs verified once (reward.dedupe): repeats are "
                           "scored from the first"),
         ("kept_frac", "dynamic sampling (algo.filter_groups): share of sampled groups kept for training"),
@@ -98,6 +100,8 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
         ("offpolicy_masked_frac", "algo.offpolicy: share of response tokens the correction masked (weight 0)"),
         ("offpolicy_capped_frac", "algo.offpolicy: share of response tokens whose weight was capped at "
                                   "algo.tis_cap"),
+        ("top_k_kl", "on-policy distillation with distill.top_k: the learner's forward KL from the teacher's "
+                     "top K (renormalised) to the policy per sampled token, averaged over the micro-batches"),
     ),
     "Weight sync": (
         ("sync_tensors_checked", "after a checked sync (weights.check_every): tensors whose digest matched the "

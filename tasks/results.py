@@ -146,10 +146,10 @@ class ScoreResult:
 # Learner metrics that only some algorithms produce; the row has a column for each (None where absent).
 ALGORITHM_METRICS = ("nll", "clipfrac", "clipfrac_low", "clipfrac_high", "approx_kl", "kl_ref", "entropy",
                      "mismatch_abs_logp_mean", "mismatch_abs_logp_max", "offpolicy_weight_mean",
-                     "offpolicy_masked_frac", "offpolicy_capped_frac")
+                     "offpolicy_masked_frac", "offpolicy_capped_frac", "top_k_kl")
 
 # On-policy distillation's metrics (the score stage's, distill set): columns only in a distillation run's rows.
-DISTILL_METRICS = ("reverse_kl", "teacher_logprob_mean", "teacher_agreement")
+DISTILL_METRICS = ("reverse_kl", "teacher_logprob_mean", "teacher_agreement", "teacher_top_k_mass")
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ S3_TEST_BUCKET = "grpo-test"
 
 # `make test` and `make test-e2e` run on two pytest-xdist workers (--dist loadgroup), a group of tests at a time on
 # each: a module is a group (its module-scoped runs, a reference run say, are made once), and the modules of
-# IN_PROCESS_ENGINES are one group, run on one worker in file order as in a run in one process. Groups that start
-# the stack are handed out first, so that the longest do not start last.
+# IN_PROCESS_ENGINES are one group, run on one worker in file order as in a run in one process. The order they are
+# handed out in: _hand_out_order.
 # vLLM and DeepSpeed in the test process itself: DeepSpeed keeps torch.distributed's first world group, which an
 # in-process vLLM engine's cleanup tears down, so a learner built after some of these modules fails ("Group ... is not
 # registered"). In file order, as one process runs them, they pass: they are one group.
@@ -45,10 +45,26 @@ def pytest_collection_modifyitems(config, items):
         module = item.path.stem
         group[item] = "in-process-engines" if module in IN_PROCESS_ENGINES else module
         _join_xdist_group(item, group[item])
-    # Stable sort (each group keeps its order): the real model's groups first (minutes per test), then the stack's.
-    real = {group[i] for i in items if "smollm2_model" in getattr(i, "fixturenames", ())}
+    items.sort(key=_hand_out_order(items, group))
+
+
+def _hand_out_order(items, group):
+    """The order groups are handed to the workers (a stable sort key: each group keeps its order). First the real
+    model's groups (minutes per test), then the first slow group that needs the tiny model: its worker builds the
+    model (1-1.5 minutes on a fresh clone) while the other runs the groups that need no model or engine, which used
+    to wait for that build idle; then the other slow groups, so that the longest do not start last; the rest."""
+    def uses(item, names) -> bool:
+        return bool(set(names) & set(getattr(item, "fixturenames", ())))
+
+    real = {group[i] for i in items if uses(i, ("smollm2_model",))}
     heavy = {group[i] for i in items if i.get_closest_marker("slow")}
-    items.sort(key=lambda item: (group[item] not in real, group[item] not in heavy))
+    stack = {group[i] for i in items if i.get_closest_marker("stack")}
+    builder = next((group[i] for i in items if group[i] in heavy - real and uses(i, ("tiny_model",))), None)
+
+    def rank(item) -> tuple[bool, ...]:
+        g = group[item]
+        return g not in real, g != builder, g in stack, g not in heavy
+    return rank
 
 
 def _join_xdist_group(item, name: str) -> None:

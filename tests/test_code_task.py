@@ -86,7 +86,8 @@ def test_tiny_code_build_writes_a_loadable_policy_whose_prompts_fit_the_config(t
     from grpo_core.config import load_config
     from grpo_core.pipeline.prompts import PromptTokenizer
 
-    spec = tiny.TinySpec(**{**tiny.TINY_CODE_SPEC.__dict__, "clean_steps": 2, "noisy_steps": 1, "batch_size": 4})
+    spec = tiny.TinySpec(**{**tiny.TINY_CODE_SPEC.__dict__, "clean_steps": 2, "noisy_steps": 1, "batch_size": 4,
+                            "clean_retry_rounds": 0, "noisy_extra_chunks": 0})  # no check's extra rounds
     metrics = tiny.build_tiny(tmp_path / "m", task="code", spec=spec, log=lambda _: None)
     assert metrics["task"] == "code" and json.loads((tmp_path / "m" / "build_metrics.json").read_text())["task"] \
         == "code"

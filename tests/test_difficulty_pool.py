@@ -1,19 +1,15 @@
 """The difficulty pool (data.sampler: difficulty_pool): which prompts each iteration draws against hand-worked
-walks of the epoch order, its state through JSON, and a run that is SIGKILLed and resumed with it: the same prompts,
-metrics and final weights as the uninterrupted run."""
+walks of the epoch order, and its state through JSON. Runs with it on the real stack, SIGKILLed and resumed (the
+same prompts, metrics and final weights as the uninterrupted run), are tests/test_resume.py's: all of them draw
+through the pool."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from grpo_core import checkpoint
 from grpo_core.pipeline.difficulty_pool import DifficultyPool, GroupOutcome, PoolState
-from grpo_core.storage import RunStore
-from tests.cli_runs import kill_tree, learning_rows, run_cli_to_end, start_cli, wait_listed, weights_differing
-from tests.conftest import REPO, tiny_config
 
 # epoch 0: 0..5, epoch 1: 5..0, then 0..5 again
 ORDERS = {0: np.arange(6), 1: np.arange(6)[::-1]}
@@ -69,51 +65,3 @@ def test_a_pool_restored_from_its_json_state_draws_what_the_uninterrupted_one_do
     assert asked == [3, 4]  # replayed from the checkpoint's iteration, not from the start
     with pytest.raises(ValueError, match="no state before iteration 2"):
         resumed.selection(2)
-
-
-# ------------------------------------------------------------------------------------------ the real stack
-
-ITERATIONS = 6
-LEARNING = ("iteration", "policy_version", "reward_mean", "accuracy_mean", "loss", "grad_norm", "entropy",
-            "pool_active", "pool_easy", "pool_hard", "pool_skipped", "rollout_tokens", "eval_accuracy")
-
-
-def _config(tiny_model: str, root: Path, run: str, train: Path) -> dict:
-    return tiny_config(tiny_model, str(root), run_name=run, iterations=ITERATIONS, data__train_path=str(train),
-                       data__sampler="difficulty_pool", rollout__prompts_per_iteration=4,
-                       rollout__samples_per_prompt=4, train__micro_batch_size=16, train__lr=1e-3,
-                       eval__interval=3, eval__max_prompts=8, checkpoint__interval=2, checkpoint__keep_last=2)
-
-
-@pytest.mark.slow
-@pytest.mark.e2e  # make test: test_a_pool_restored_from_its_json_state_draws_what_the_uninterrupted_one_does
-@pytest.mark.timeout(900)
-def test_sigkill_then_resume_with_the_difficulty_pool_is_exact(tiny_model, tmp_path, prefect_harness):
-    """Ten train prompts, four per iteration: the untrained policy gets most groups all wrong, so the later
-    iterations pass over prompts. Killed after iteration 3's rollout (the last checkpoint is iteration 1's), then
-    resumed: the pool restored from the checkpoint draws the same prompts, and the run ends bit-identical."""
-    train = tmp_path / "train.jsonl"
-    train.write_text("".join((REPO / "data/arith/train.jsonl").read_text().splitlines(keepends=True)[:10]))
-    from flows.grpo_train import grpo_train
-
-    grpo_train(config=_config(tiny_model, tmp_path / "ref", "ref", train))  # the uninterrupted reference
-    cfg = _config(tiny_model, tmp_path / "cut", "cut", train)
-    store = RunStore(str(tmp_path / "cut"), "cut")
-    proc, log = start_cli(cfg, tmp_path, "first")
-    wait_listed(store, 3, "rollouts.parquet", proc, log)
-    kill_tree(proc)
-    committed = checkpoint.latest(store)
-    assert committed is not None and committed.iteration == 1, committed
-    state = store.get_json_file(f"{committed.path}/prompt_pool.json")
-    assert state["iteration"] == 1 and len(state["selection"]) == 4
-    assert "prompt_pool.json" in store.get_json_file(f"{committed.path}/MANIFEST.json")["files"]
-
-    text = run_cli_to_end(cfg, tmp_path, "resumed")
-    assert f"resuming cut from {committed.name}" in text, text
-    rows = learning_rows(tmp_path / "cut", "cut", LEARNING)
-    assert rows == learning_rows(tmp_path / "ref", "ref", LEARNING)
-    assert not weights_differing(tmp_path / "cut", "cut", tmp_path / "ref", "ref")
-    assert sum(r["pool_skipped"] or 0 for r in rows) > 0, rows  # the pool did pass prompts over
-    prompts = [sorted(RunStore(str(tmp_path / run), run).get_table(i, "rollouts.parquet")
-                      .column("prompt_id").unique().to_pylist()) for run in ("ref", "cut") for i in range(ITERATIONS)]
-    assert prompts[:ITERATIONS] == prompts[ITERATIONS:]

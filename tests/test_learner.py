@@ -516,3 +516,39 @@ def test_per_token_advantages_equal_to_each_rows_advantage_give_the_per_row_step
     # _gradients_stepped_on), so the first step is held to rounding; the later ones by the loss over all four.
     _assert_same_gradients(row[0], tok[0])
     assert max(float((row[0][k] - first[0][k]).abs().max()) for k in row[0]) > 1e-3
+
+
+def test_the_learner_adds_the_forward_kl_to_a_teachers_top_k(tiny_model):
+    """Advantages 0 (the policy gradient's loss is 0): the step's loss is the top-K term alone, and equals the KL
+    computed by hand from a plain transformers forward; its student logprobs are that forward's, gathered."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_core.algo.distill import top_k_forward_kl
+
+    path = tiny_model
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(4)
+    prompts = [[3, 9, 14, 20], [3, 9, 14, 20], [5, 8]]
+    responses = [[40, 41, 2], [42, 2], [43, 44, 45, 2]]
+    ids = [[torch.randint(3, 300, (3,), generator=g).tolist() for _ in r] for r in responses]
+    lps = [[sorted((-torch.rand(3, generator=g) * 3).tolist(), reverse=True) for _ in r] for r in responses]
+    batch = pack_batch(prompts, responses, None, [0.0] * 3, [True] * 3, pad_id=0, teacher_top=(ids, lps))
+    cfg = build_config({"model": {"path": path}, "data": {"train_path": "t"},
+                        "rollout": {"prompts_per_iteration": 1, "samples_per_prompt": 3, "temperature": 0.7},
+                        "train": {"lr": 1e-3, "micro_batch_size": 3}})
+    learner = Learner(LearnerSpec(model_path=path, total_steps=1, temperature=0.7, teacher_top_k_weight=2.0),
+                      cfg.algo, cfg.train, micro_batch_size=3, grad_accum_steps=1)
+    _, _, student_top = learner._forward_logprobs(learner.engine.module, batch, pack=True, teacher_top=True)
+    expected = torch.zeros_like(student_top)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([p + r])).logits[0].float() / 0.7
+        log_p = torch.log_softmax(logits[len(p) - 1:-1], -1)
+        expected[i, len(p) - 1:len(p) - 1 + len(r)] = log_p.gather(-1, torch.tensor(ids[i]))
+    assert student_top.detach() == pytest.approx(expected, abs=1e-4)
+    kl, _ = top_k_forward_kl(expected, batch.teacher_top_logprobs, batch.loss_mask, agg_mode=cfg.algo.loss_agg_mode)
+    assert cfg.algo.loss_agg_mode == "seq_mean_token_mean"  # aggregated as the policy loss: per row, then rows
+    per_token, _ = top_k_forward_kl(expected, batch.teacher_top_logprobs, batch.loss_mask)
+    metrics = learner.train_step(batch)
+    assert metrics["loss"] == pytest.approx(2.0 * float(kl), rel=1e-4) and metrics["loss"] > 0
+    assert metrics["top_k_kl"] == pytest.approx(float(per_token), rel=1e-4)  # the metric: per sampled token

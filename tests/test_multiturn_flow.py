@@ -20,7 +20,7 @@ ITERATIONS = 8
 # What describes learning (timings, and each tool call's seconds in episode_turns, differ between runs by nature).
 LEARNING = ("iteration", "policy_version", "reward_mean", "loss", "grad_norm", "lr", "entropy", "response_length_mean",
             "eval_accuracy", "turns_mean", "tool_calls_mean", "tool_call_frac", "tool_errors",
-            "episode_truncated_frac", "staleness_max")
+            "episode_truncated_frac", "staleness_max", "offpolicy_weight_mean")
 
 
 def _config(model: str, root: Path, run_name: str) -> dict:
@@ -81,13 +81,16 @@ def test_split_async_multi_turn_learns_to_call_the_tool(reference):
 def test_a_sigkilled_multi_turn_run_resumes_bit_identical(reference, tiny_tools_model, tmp_path):
     """The same run, its whole process tree SIGKILLed once iteration 5's batch is scored (async: while iteration 4
     trains beside that rollout), then resumed from its last checkpoint: the final weights and every
-    learning metric equal the uninterrupted run's, one row per iteration."""
+    learning metric equal the uninterrupted run's, one row per iteration. This is also the suite's SIGKILL of an
+    async run mid-training (it was test_async.py's too, on single-answer rollouts: the same resume path)."""
     cfg = _config(tiny_tools_model, tmp_path, "cut")
     store = kill_once_listed(cfg, tmp_path, 5, "scored.parquet")
     committed = checkpoint.latest(store)
     assert committed is not None and committed.iteration in (1, 3), committed
     text = run_cli_to_end(cfg, tmp_path, "resumed")
-    assert f"resuming cut from {committed.name}" in text, text
+    assert f"resuming cut from {committed.name}, policy version {committed.policy_version}" in text, text
+    # The batches after the checkpoint were sampled by older weights than it holds: they were reused, not redone.
+    assert store.entry(committed.iteration + 1, "rollouts.parquet").meta["policy_version"] < committed.policy_version
     differing = weights_differing(tmp_path, "cut", reference, "ref")
     assert not differing, f"final weights differ from the uninterrupted run in {differing}"
     assert learning_rows(tmp_path, "cut", LEARNING) == learning_rows(reference, "ref", LEARNING)

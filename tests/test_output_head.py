@@ -41,6 +41,27 @@ def test_values_and_gradients_match_a_full_log_softmax(chunk, temperature):
         torch.testing.assert_close(a.double(), b.double(), rtol=1e-4, atol=1e-4)  # float32 logits
 
 
+@pytest.mark.parametrize("chunk", [1, 6, 1000])
+def test_several_targets_per_position_match_a_full_log_softmax(chunk):
+    """[N, K] targets (the sampled token and a teacher's top-k, with repeats): each column as a log-softmax gathers
+    it, the gradients those of the weighted sum over every column."""
+    hidden, weight, first = _inputs()
+    g = torch.Generator().manual_seed(2)
+    targets = torch.cat([first[:, None], torch.randint(0, 101, (37, 3), generator=g), first[:, None]], dim=1)
+    w = torch.randn(37, 5, generator=g)
+    logp, _ = output_logprobs(hidden, weight, targets, temperature=0.7, chunk_tokens=chunk)
+    assert logp.shape == (37, 5)
+    (logp * w).sum().backward()
+    got = (logp.detach(), hidden.grad.clone(), weight.grad.clone())
+    hidden.grad = weight.grad = None
+    ref = torch.log_softmax((hidden.double() @ weight.double().t()) / 0.7, -1).gather(-1, targets)
+    (ref * w).sum().backward()
+    for a, b in zip(got, (ref.detach(), hidden.grad, weight.grad)):
+        torch.testing.assert_close(a.double(), b.double(), rtol=1e-4, atol=1e-4)
+    one, _ = output_logprobs(hidden, weight, first, temperature=0.7, chunk_tokens=chunk)
+    assert torch.equal(one.detach(), got[0][:, 0])  # the first column is the one-target call's value, to the bit
+
+
 def test_entropy_metric_carries_no_gradient_and_none_returns_none():
     hidden, weight, targets = _inputs()
     logp, ent = output_logprobs(hidden, weight, targets, entropy="metric", chunk_tokens=8)

@@ -2,7 +2,8 @@
 
 One uninterrupted run is the reference. Every other run here is hurt in one way (the flow's whole process tree
 SIGKILLed between stages or mid-training, a checkpoint left half-written, the policy actor killed, a config
-changed) and must end with bit-identical final weights and the same learning metrics, one row per iteration.
+changed) and must end with bit-identical final weights, the same learning metrics, one row per iteration, and the
+same prompts drawn (the difficulty pool's state restored from the checkpoint).
 The run on a real S3 server whose service goes away for 10 s lives in test_flow_s3.py.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from safetensors.torch import load_file
 
 from grpo_core import checkpoint
 from grpo_core.storage import RunStore
+from tasks.checkpoint import POOL_FILE
 from tests.cli_runs import (
     api_env, kill_once_listed, kill_tree, learning_rows, run_cli_to_end, start_cli, wait_committed, wait_listed,
     weights_differing,
@@ -33,12 +35,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 ITERATIONS = 6
 # Two optimizer steps per iteration (2 mini-batches), so a kill after scoring lands inside a multi-step update.
+# The prompts drawn by the difficulty pool from ten train prompts, four an iteration: the untrained policy gets most
+# groups all wrong, so later iterations pass prompts over, and every resume here restores the pool's state too.
 SHAPE = dict(iterations=ITERATIONS, rollout__prompts_per_iteration=4, rollout__samples_per_prompt=4,
              train__mini_batch_size=8, train__micro_batch_size=8, train__lr=1e-3, eval__interval=3,
-             eval__max_prompts=8, checkpoint__interval=2, checkpoint__keep_last=2)
+             eval__max_prompts=8, checkpoint__interval=2, checkpoint__keep_last=2,
+             data__train_path=str(REPO / "tests/data/arith-train-10.jsonl"), data__sampler="difficulty_pool")
 # Columns that describe learning (timings and bookkeeping differ between runs by nature).
 LEARNING = ("iteration", "policy_version", "reward_mean", "accuracy_mean", "loss", "grad_norm", "lr", "clipfrac",
-            "approx_kl", "entropy", "response_length_mean", "eval_accuracy")
+            "approx_kl", "entropy", "response_length_mean", "eval_accuracy", "pool_active", "pool_easy", "pool_hard",
+            "pool_skipped", "rollout_tokens")
 
 
 def _config(tiny_model: str, root: Path, run_name: str, **extra) -> dict:
@@ -59,6 +65,13 @@ def _assert_same_run(root: Path, run: str, ref_root: Path, ref_run: str) -> None
     assert _learning_rows(root, run) == _learning_rows(ref_root, ref_run)
     iterations = [r["iteration"] for r in _learning_rows(root, run)]
     assert iterations == list(range(ITERATIONS + 1)), "exactly one metrics row per iteration (+ the final eval)"
+    assert _prompts_drawn(root, run) == _prompts_drawn(ref_root, ref_run)
+
+
+def _prompts_drawn(root: Path, run: str) -> list[list[str]]:
+    store = RunStore(str(root), run)
+    return [sorted(store.get_table(i, "rollouts.parquet").column("prompt_id").unique().to_pylist())
+            for i in range(ITERATIONS)]
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +81,8 @@ def reference(tiny_model, tmp_path_factory, prefect_harness):
     root = tmp_path_factory.mktemp("reference")
     result = grpo_train(config=_config(tiny_model, root, "ref"))
     assert result["resumed_from"] is None
+    rows = _learning_rows(root, "ref")
+    assert sum(r["pool_skipped"] or 0 for r in rows) > 0, rows  # the pool did pass prompts over
     return root
 
 
@@ -91,6 +106,9 @@ def test_sigkill_between_stages_then_resume_is_exact(reference, tiny_model, tmp_
     assert store.entry(3, "scored.parquet") is None, "the kill was meant to land between rollout and score"
     committed = checkpoint.latest(store)
     assert committed.iteration == 1, committed  # iter-000003 is only started after iteration 3's sync
+    pool = store.get_json_file(f"{committed.path}/{POOL_FILE}")  # the pool's state, in the checkpoint's manifest
+    assert pool["iteration"] == 1 and len(pool["selection"]) == 4
+    assert POOL_FILE in store.get_json_file(f"{committed.path}/{checkpoint.MANIFEST}")["files"]
     # A checkpoint killed mid-write: its files are there (one cut short), its manifest is not.
     half = tmp_path / "cut" / checkpoint.checkpoint_path(2)
     shutil.copytree(tmp_path / "cut" / committed.path, half)

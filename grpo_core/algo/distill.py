@@ -6,10 +6,18 @@ reverse KL ``KL(pi_student || pi_teacher)`` at that token. Trained with the poli
 reverse KL to the teacher on its own samples (Agarwal et al. 2024, GKD with lambda = 1; Thinking Machines' on-policy
 distillation; TRL's GKD and verl's, slime's and prime-rl's on-policy distillation). Mixed with a verifiable reward's
 advantage by a weight, the reward still counts where the teacher is unsure.
+
+One sampled token per position is a noisy view of the teacher's distribution. With the teacher's top K tokens at
+each position (``top_k_forward_kl``) the loss also matches the student to the teacher there, in a forward KL over
+those K tokens: dense supervision on the student's own prefixes, as GKD's forward-KL end and the top-K logit
+distillation of verl and slime keep it affordable (K values per token, not a vocabulary's).
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
+
+from grpo_core.algo.losses import aggregate_loss
 
 
 def distillation_advantages(student_logprobs: Tensor, teacher_logprobs: Tensor, mask: Tensor, *,
@@ -50,3 +58,32 @@ def distillation_advantages(student_logprobs: Tensor, teacher_logprobs: Tensor, 
         metrics["teacher_agreement"] = float(agree.sum() / tokens)
     return advantages, metrics
 
+
+
+def top_k_forward_kl(student_top_logprobs: Tensor, teacher_top_logprobs: Tensor, mask: Tensor, *,
+                     agg_mode: str = "token_mean", denominator: float | None = None,
+                     norm_length: int | None = None) -> tuple[Tensor, dict[str, float]]:
+    """The forward KL from the teacher's top K to the student at every sampled token, aggregated like the loss.
+
+    student_top_logprobs: [B, T, K] log pi_student of the teacher's K tokens at each position (with gradient; the
+                          full-vocabulary log-softmax gathered at those ids, at the sampling temperature).
+    teacher_top_logprobs: [B, T, K] log pi_teacher of the same tokens (its K most likely).
+    mask:                 [B, T] 1 on the tokens the student sampled.
+
+    Per token: ``sum_k q_k (log q_k - log pi_student(k))`` with ``q`` the teacher's top-K probabilities renormalised
+    to sum to 1 (the mass outside its top K is dropped). It is >= 0 (the student's K probabilities sum to at most 1),
+    0 exactly when the student gives those K tokens the teacher's renormalised probabilities, and its gradient
+    ``-sum_k q_k grad log pi_student(k)`` is the cross-entropy's to the teacher's top K. Aggregated by
+    ``aggregate_loss`` with ``agg_mode`` / ``denominator`` / ``norm_length`` as the policy loss is.
+
+    Returns (the aggregated term, metrics): ``top_k_kl``, this micro-batch's mean per sampled token."""
+    if student_top_logprobs.shape != teacher_top_logprobs.shape or student_top_logprobs.dim() != 3 \
+            or student_top_logprobs.shape[:2] != mask.shape:
+        raise ValueError(f"student {tuple(student_top_logprobs.shape)} and teacher "
+                         f"{tuple(teacher_top_logprobs.shape)} top-K logprobs must be [B, T, K] over mask "
+                         f"{tuple(mask.shape)}")
+    log_q = torch.log_softmax(teacher_top_logprobs.to(student_top_logprobs.dtype), dim=-1)  # renormalised top K
+    per_token = (log_q.exp() * (log_q - student_top_logprobs)).sum(-1)
+    value = aggregate_loss(per_token, mask, agg_mode, norm_length=norm_length, global_denominator=denominator)
+    m = mask.to(per_token.dtype)
+    return value, {"top_k_kl": float((per_token.detach() * m).sum() / m.sum().clamp(min=1))}

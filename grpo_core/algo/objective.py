@@ -4,8 +4,9 @@ supervised one (the negative log-likelihood of the target tokens, for SFT).
 
 Why functions behind one interface: the learner's step owns forward, backward and the optimizer, nothing of the
 loss; a new objective is another function beside these, chosen by ``make_objective`` from the run's objective kind
-(``GRPOConfig.objective``), not an edit of the step. ``tests/test_algo_objective.py`` holds the policy objective to
-the bit against the loss the learner assembled inline before (saved batches).
+(``GRPOConfig.objective``), not an edit of the step; a term added to any of them (a distillation teacher's top-K
+KL) wraps it. ``tests/test_algo_objective.py`` holds the policy objective to float rounding against the loss the
+learner assembled inline before (saved batches).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
+from grpo_core.algo.distill import top_k_forward_kl
 from grpo_core.algo.kl import kl_penalty
 from grpo_core.algo.losses import aggregate_loss, policy_loss
 from grpo_core.algo.offpolicy import offpolicy_weights
@@ -98,6 +100,8 @@ class ObjectiveInputs:
     norm_length: int
     sampler_logprobs: Tensor | None = None
     ref_logprobs: Tensor | None = None
+    student_top_logprobs: Tensor | None = None  # [B, T, K] at a distillation teacher's top-K tokens
+    teacher_top_logprobs: Tensor | None = None  # [B, T, K] the teacher's logprobs of them
 
 
 class Objective(Protocol):
@@ -143,12 +147,39 @@ class Supervised:
                                     agg_mode=self.agg_mode, norm_length=x.norm_length)
 
 
+@dataclass(frozen=True)
+class WithTeacherTopK:
+    """An objective plus ``weight`` x ``top_k_forward_kl`` (on-policy distillation with ``distill.top_k``), the
+    term aggregated as the inner objective's loss. A micro-batch without the teacher's top K gets the inner loss."""
+    inner: Objective
+    weight: float
+
+    @property
+    def uses_old_logprobs(self) -> bool:
+        return self.inner.uses_old_logprobs
+
+    @property
+    def agg_mode(self) -> str:
+        return self.inner.agg_mode
+
+    def __call__(self, x: ObjectiveInputs) -> tuple[Tensor, dict[str, float]]:
+        loss, metrics = self.inner(x)
+        if x.student_top_logprobs is None or x.teacher_top_logprobs is None:
+            return loss, metrics
+        kl, kl_metrics = top_k_forward_kl(x.student_top_logprobs, x.teacher_top_logprobs, x.mask,
+                                          agg_mode=self.agg_mode, denominator=x.denominator,
+                                          norm_length=x.norm_length)
+        return loss + self.weight * kl, {**metrics, **kl_metrics}
+
+
 OBJECTIVES = {"policy_gradient": PolicyGradient, "sft": Supervised}
 
 
-def make_objective(kind: str, algo: "AlgoConfig") -> Objective:
+def make_objective(kind: str, algo: "AlgoConfig", teacher_top_k_weight: float = 0.0) -> Objective:
     """The objective of kind ``kind`` (one of ``OBJECTIVES``; a run's ``GRPOConfig.objective``), with the run's
-    algorithm settings."""
+    algorithm settings; with ``teacher_top_k_weight`` > 0 (``GRPOConfig.teacher_top_k_weight``) the top-K forward
+    KL to a distillation teacher added (``WithTeacherTopK``)."""
     if kind not in OBJECTIVES:
         raise ValueError(f"unknown objective {kind!r}; choose one of {sorted(OBJECTIVES)}")
-    return OBJECTIVES[kind](algo)
+    objective = OBJECTIVES[kind](algo)
+    return WithTeacherTopK(objective, teacher_top_k_weight) if teacher_top_k_weight > 0 else objective

@@ -23,12 +23,12 @@ def teacher_context(cfg: GRPOConfig) -> tuple[str, str | None, list[dict]] | Non
 class TeacherHost:
     """What one teacher actor runs, its output in the run's logs/."""
 
-    def __init__(self, path: str, temperature: float, batch_size: int, context, threads: int,
+    def __init__(self, path: str, temperature: float, batch_size: int, context, top_k: int, threads: int,
                  output_file: str | None):
         if output_file is not None:
             redirect_process_output(output_file)
         self.teacher = CausalLMTeacher(path, student_path=None, temperature=temperature,
-                                       batch_size=batch_size, context=context, threads=threads)
+                                       batch_size=batch_size, context=context, threads=threads, top_k=top_k)
 
     def score(self, rows: list[TeacherInput]) -> list[TeacherScores]:
         return self.teacher.score(rows)
@@ -43,7 +43,7 @@ class TeacherActors(Teacher):
             raise ValueError("TeacherActors needs a config with distill set")
         check_teacher_tokenizer(folder, cfg.model.path)  # here, before any actor: the error as it is
         self.actors = ModelActors(cfg, TeacherHost, (folder, cfg.rollout.temperature, d.batch_size,
-                                                     teacher_context(cfg)), d.replicas, "teacher")
+                                                     teacher_context(cfg), d.top_k), d.replicas, "teacher")
 
     def score(self, rows: list[TeacherInput]) -> list[TeacherScores]:
         return self.actors.call("score", rows)

@@ -39,6 +39,10 @@ SCORE_FIELDS = [
 # (``grpo_core.pipeline.distillation``).
 TEACHER_LOGPROBS = "teacher_logprobs"
 TOKEN_ADVANTAGE = "token_advantage"
+# With distill.top_k = K, two more, K values per response token (most likely first): the teacher's K most likely
+# tokens at that position and their logprobs (the learner's top-K forward KL term).
+TEACHER_TOP_IDS = "teacher_top_ids"
+TEACHER_TOP_LOGPROBS = "teacher_top_logprobs"
 
 
 # Multi-turn episodes (``env`` in the config) add these columns after the fixed ones. ``response_token_ids`` then

@@ -4,7 +4,8 @@ per-token advantage the learner trains on (``grpo_core.algo.distill.distillation
 Two columns join the scored rows, one value per response token like ``sampler_logprobs``: ``teacher_logprobs`` and
 ``token_advantage`` (0 on tokens an environment wrote). The row's ``advantage`` stays the reward's (GRPO's), kept
 for the record and mixed in by ``distill.reward_weight``. The student's logprobs are the sampler's, recorded when it
-sampled: the policy the tokens came from.
+sampled: the policy the tokens came from. With ``distill.top_k`` = K two more columns, K values per response token:
+``teacher_top_ids`` and ``teacher_top_logprobs`` (the learner's top-K forward KL term reads them).
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pyarrow as pa
 import torch
 
 from grpo_core.algo.distill import distillation_advantages
-from grpo_core.data.schemas import RESPONSE_MASK, TEACHER_LOGPROBS, TOKEN_ADVANTAGE
+from grpo_core.data.schemas import (
+    RESPONSE_MASK, TEACHER_LOGPROBS, TEACHER_TOP_IDS, TEACHER_TOP_LOGPROBS, TOKEN_ADVANTAGE)
 from grpo_core.rewards.scorer import prompt_messages
 from grpo_core.teacher import Teacher, TeacherInput
 
@@ -36,8 +38,10 @@ def _padded(rows: list[list[float]], width: int, dtype=torch.float64) -> torch.T
 
 def with_teacher_signal(table: pa.Table, teacher: Teacher, *, reward_weight: float = 0.0,
                         prompt_key: str = "messages") -> tuple[pa.Table, dict[str, float]]:
-    """``table`` (scored rows: ``advantage`` set) with ``teacher_logprobs`` and ``token_advantage`` appended, and the
-    metrics ``reverse_kl``, ``teacher_logprob_mean`` and ``teacher_agreement`` over the policy's sampled tokens."""
+    """``table`` (scored rows: ``advantage`` set) with ``teacher_logprobs`` and ``token_advantage`` appended (and the
+    teacher's top K when it gave them), and the metrics ``reverse_kl``, ``teacher_logprob_mean`` and
+    ``teacher_agreement`` over the policy's sampled tokens (with the top K, ``teacher_top_k_mass``: the teacher's
+    probability mass in its top K, the share of its distribution the KL term sees)."""
     if table.num_rows == 0:
         return table, {}
     inputs = teacher_inputs(table, prompt_key)
@@ -45,9 +49,13 @@ def with_teacher_signal(table: pa.Table, teacher: Teacher, *, reward_weight: flo
     if len(scores) != len(inputs):
         raise RuntimeError(f"the teacher gave {len(scores)} answers for {len(inputs)} rows")
     lengths = [len(r.response_token_ids) for r in inputs]
+    top_k = any(s.top_k_ids for s in scores)
     for i, (s, n) in enumerate(zip(scores, lengths)):
         if len(s.logprobs) != n:
             raise RuntimeError(f"row {i}: the teacher gave {len(s.logprobs)} logprobs for {n} response tokens")
+        if top_k and not (len(s.top_k_ids) == len(s.top_k_logprobs) == n):
+            raise RuntimeError(f"row {i}: the teacher gave {len(s.top_k_ids)} top-k id lists and "
+                               f"{len(s.top_k_logprobs)} logprob lists for {n} response tokens")
     width = max(max(lengths), 1)
     student = _padded(table.column("sampler_logprobs").to_pylist(), width)
     teacher_lp = _padded([list(s.logprobs) for s in scores], width)
@@ -66,4 +74,13 @@ def with_teacher_signal(table: pa.Table, teacher: Teacher, *, reward_weight: flo
     out = out.append_column(pa.field(TOKEN_ADVANTAGE, pa.list_(pa.float32()), nullable=False),
                             pa.array([advantages[i, :n].tolist() for i, n in enumerate(lengths)],
                                      pa.list_(pa.float32())))
+    if top_k:
+        ids_type, lp_type = pa.list_(pa.list_(pa.int32())), pa.list_(pa.list_(pa.float32()))
+        out = out.append_column(pa.field(TEACHER_TOP_IDS, ids_type, nullable=False),
+                                pa.array([[list(t) for t in s.top_k_ids] for s in scores], ids_type))
+        out = out.append_column(pa.field(TEACHER_TOP_LOGPROBS, lp_type, nullable=False),
+                                pa.array([[list(t) for t in s.top_k_logprobs] for s in scores], lp_type))
+        mass = _padded([torch.tensor(s.top_k_logprobs, dtype=torch.float64).exp().sum(-1).tolist()
+                        if s.top_k_logprobs else [] for s in scores], width)
+        metrics["teacher_top_k_mass"] = float((mass * mask).sum() / mask.sum().clamp(min=1))
     return out, metrics

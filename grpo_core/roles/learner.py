@@ -18,7 +18,7 @@ from grpo_core import checkpoint
 from grpo_core.checkpoint import CheckpointRef, CheckpointWriter, Snapshot, WrittenFiles
 from grpo_core.config import GRPOConfig
 from grpo_core.roles.threads import pin_torch_threads
-from grpo_core.data.schemas import RESPONSE_MASK, TOKEN_ADVANTAGE
+from grpo_core.data.schemas import RESPONSE_MASK, TEACHER_TOP_IDS, TEACHER_TOP_LOGPROBS, TOKEN_ADVANTAGE
 from grpo_core.netaddr import listening_socket
 from grpo_core.results import CheckpointStarted, FinalPolicy, Restored, TrainStep
 from grpo_core.storage import RunStore
@@ -111,7 +111,8 @@ class LearnerRole:
                         total_steps=cfg.iterations * cfg.optimizer_steps_per_iteration,
                         temperature=cfg.learner_temperature, max_new_tokens=cfg.rollout.max_new_tokens,
                         fused_kernels=cfg.train.fused_kernels, lora=cfg.model.lora,
-                        pack_prompts=cfg.train.pack_prompts, objective=cfg.objective),
+                        pack_prompts=cfg.train.pack_prompts, objective=cfg.objective,
+                        teacher_top_k_weight=cfg.teacher_top_k_weight),
             cfg.resolved_algo, cfg.train, micro_batch_size=cfg.micro_batch_size,
             grad_accum_steps=cfg.grad_accum_steps)
 
@@ -141,15 +142,21 @@ class LearnerRole:
         table = self.store.get_table(iteration, name)
         episodes = RESPONSE_MASK in table.column_names  # multi-turn: environment tokens are out of the loss
         per_token = TOKEN_ADVANTAGE in table.column_names  # on-policy distillation: the teacher's per-token signal
+        top_k = self.cfg.teacher_top_k_weight > 0  # and its top K at every position (distill.top_k)
+        if top_k and TEACHER_TOP_IDS not in table.column_names:
+            raise ValueError(f"{name} of iteration {iteration} has no {TEACHER_TOP_IDS} column, which distill.top_k "
+                             f"> 0 trains on (scored before top_k was set?)")
         cols = table.select(["prompt_token_ids", "response_token_ids", "sampler_logprobs", "advantage", "kept"]
-                            + ([RESPONSE_MASK] if episodes else []) + ([TOKEN_ADVANTAGE] if per_token else []))
+                            + ([RESPONSE_MASK] if episodes else []) + ([TOKEN_ADVANTAGE] if per_token else [])
+                            + ([TEACHER_TOP_IDS, TEACHER_TOP_LOGPROBS] if top_k else []))
         data = cols.to_pydict()
         sampled = table.column("sampler_logprobs").null_count < table.num_rows  # null: SFT's conversations
         batch = pack_batch(data["prompt_token_ids"], data["response_token_ids"],
                            data["sampler_logprobs"] if sampled else None,
                            data["advantage"], data["kept"], self.pad_id,
                            response_masks=_masks(data) if episodes else None,
-                           token_advantages=data[TOKEN_ADVANTAGE] if per_token else None)
+                           token_advantages=data[TOKEN_ADVANTAGE] if per_token else None,
+                           teacher_top=(data[TEACHER_TOP_IDS], data[TEACHER_TOP_LOGPROBS]) if top_k else None)
         extra: dict[str, float] = {}
         if self.cfg.algo.kl_in_reward:
             batch.advantages, extra = self._kl_shaped_advantages(batch, table.column("shaped_reward").to_pylist())

@@ -18,10 +18,14 @@ class TeacherInput:
 @dataclass(frozen=True)
 class TeacherScores:
     """The teacher's view of one row's response: ``logprobs[t]`` is log pi_teacher(response[t] | context,
-    response[:t]) and ``top_ids[t]`` the token it finds most likely there (for the agreement metric)."""
+    response[:t]) and ``top_ids[t]`` the token it finds most likely there (for the agreement metric). Asked for its
+    top K (``distill.top_k``): ``top_k_ids[t]`` its K most likely tokens at position t, most likely first, and
+    ``top_k_logprobs[t]`` their logprobs (empty when not asked)."""
 
     logprobs: tuple[float, ...]
     top_ids: tuple[int, ...]
+    top_k_ids: tuple[tuple[int, ...], ...] = ()
+    top_k_logprobs: tuple[tuple[float, ...], ...] = ()
 
 
 class Teacher(ABC):

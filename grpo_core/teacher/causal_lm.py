@@ -47,10 +47,12 @@ class CausalLMTeacher(Teacher):
     """``path`` an HF causal-LM folder. ``context`` None: the teacher reads the student's prompt tokens; else
     ``(reward_type, system_prompt, few_shot)``: it renders its own prompt from each row's messages with its chat
     template (its own system prompt and worked examples). Logprobs at ``temperature`` (the sampling temperature, as
-    the student's recorded ones), in float32, ``batch_size`` rows of a prompt per forward."""
+    the student's recorded ones), in float32, ``batch_size`` rows of a prompt per forward; with ``top_k`` > 0 also
+    its ``top_k`` most likely tokens at every position and their logprobs."""
 
     def __init__(self, path: str, *, student_path: str | None, temperature: float = 1.0, batch_size: int = 16,
-                 context: tuple[str, str | None, list[dict]] | None = None, threads: int | None = None):
+                 context: tuple[str, str | None, list[dict]] | None = None, threads: int | None = None,
+                 top_k: int = 0):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if threads is not None:
@@ -59,7 +61,7 @@ class CausalLMTeacher(Teacher):
         self.tokenizer = AutoTokenizer.from_pretrained(path) if student_path is None \
             else check_teacher_tokenizer(path, student_path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        self.temperature, self.batch_size, self.context = temperature, batch_size, context
+        self.temperature, self.batch_size, self.context, self.top_k = temperature, batch_size, context, top_k
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else self.tokenizer.eos_token_id
         self._prompts: dict[tuple, list[int]] = {}
@@ -118,6 +120,10 @@ class CausalLMTeacher(Teacher):
                 continue
             states = torch.cat([last[None], hidden[i, :n_i - 1]]) if n_i > 1 else last[None]
             logits = head(states).float() / self.temperature
-            taken = torch.log_softmax(logits, dim=-1).gather(-1, ids[i, :n_i, None]).squeeze(-1)
-            out.append(TeacherScores(tuple(taken.tolist()), tuple(logits.argmax(-1).tolist())))
+            log_p = torch.log_softmax(logits, dim=-1)
+            taken = log_p.gather(-1, ids[i, :n_i, None]).squeeze(-1)
+            top = log_p.topk(self.top_k, dim=-1) if self.top_k else None
+            out.append(TeacherScores(tuple(taken.tolist()), tuple(logits.argmax(-1).tolist()),
+                                     () if top is None else tuple(map(tuple, top.indices.tolist())),
+                                     () if top is None else tuple(map(tuple, top.values.tolist()))))
         return out

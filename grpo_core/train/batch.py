@@ -24,6 +24,10 @@ class TokenBatch:
     advantages: torch.Tensor       # [B], or [B, L-1] per token (on-policy distillation: 0 off the response)
     row_mask: torch.Tensor         # [B] 1.0 for rows that count in the loss (kept, not filtered)
     has_sampler_logprobs: bool = True  # False: packed without them (sampler_logprobs is all zeros)
+    # On-policy distillation with distill.top_k = K: the teacher's K most likely tokens where column j predicts a
+    # response token, and their logprobs ([B, L-1, K]; 0 elsewhere)
+    teacher_top_ids: torch.Tensor | None = None
+    teacher_top_logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -31,7 +35,11 @@ class TokenBatch:
     def select(self, idx: slice | torch.Tensor) -> "TokenBatch":
         return TokenBatch(*(t[idx] for t in (self.input_ids, self.attention_mask, self.response_mask,
                                               self.sampler_logprobs, self.advantages, self.row_mask)),
-                          has_sampler_logprobs=self.has_sampler_logprobs)
+                          has_sampler_logprobs=self.has_sampler_logprobs,
+                          **{k: None if t is None else t[idx] for k, t in self._teacher_top().items()})
+
+    def _teacher_top(self) -> dict[str, torch.Tensor | None]:
+        return {"teacher_top_ids": self.teacher_top_ids, "teacher_top_logprobs": self.teacher_top_logprobs}
 
     @property
     def loss_mask(self) -> torch.Tensor:
@@ -76,7 +84,8 @@ class TokenBatch:
         return TokenBatch(self.input_ids[:, :width], self.attention_mask[:, :width],
                           self.response_mask[:, :width - 1], self.sampler_logprobs[:, :width - 1],
                           self.advantages if self.advantages.dim() == 1 else self.advantages[:, :width - 1],
-                          self.row_mask, has_sampler_logprobs=self.has_sampler_logprobs)
+                          self.row_mask, has_sampler_logprobs=self.has_sampler_logprobs,
+                          **{k: None if t is None else t[:, :width - 1] for k, t in self._teacher_top().items()})
 
 
 def plan_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -157,11 +166,14 @@ def equal_counts(plans: list[list[list[int]]]) -> list[list[list[int]]]:
 def pack_batch(prompts: list[list[int]], responses: list[list[int]], sampler_logprobs: list[list[float]] | None,
                advantages: list[float], row_mask: list[bool], pad_id: int,
                response_masks: list[list[int]] | None = None,
-               token_advantages: list[list[float]] | None = None) -> TokenBatch:
+               token_advantages: list[list[float]] | None = None,
+               teacher_top: tuple[list[list[list[int]]], list[list[list[float]]]] | None = None) -> TokenBatch:
     """Right-pad ``prompt + response`` per row. Rows keep their order.
 
     ``token_advantages`` (on-policy distillation): one advantage per response token, used instead of ``advantages``
-    (the batch's advantages are then [B, L-1], in shifted space like the logprobs).
+    (the batch's advantages are then [B, L-1], in shifted space like the logprobs). ``teacher_top`` (with
+    ``distill.top_k`` = K): (ids, logprobs), per row and response token the teacher's K most likely tokens and
+    their logprobs, laid out [B, L-1, K] the same way.
 
     ``response_masks`` (multi-turn episodes): per response token, 1 where the policy sampled it and 0 where an
     environment wrote it; those tokens stay in the sequence but out of ``response_mask`` (no loss, no gradient, no
@@ -175,7 +187,9 @@ def pack_batch(prompts: list[list[int]], responses: list[list[int]], sampler_log
     p_len = np.fromiter(map(len, prompts), dtype=np.int64, count=n)
     r_len = np.fromiter(map(len, responses), dtype=np.int64, count=n)
     for values, what in ((sampler_logprobs, "sampler logprobs"), (response_masks, "response mask values"),
-                         (token_advantages, "token advantages")):
+                         (token_advantages, "token advantages"), *(() if teacher_top is None else (
+                             (teacher_top[0], "teacher top-k id lists"),
+                             (teacher_top[1], "teacher top-k logprob lists")))):
         if values is not None:
             _check_one_per_response_token(values, r_len, what)
     seq_len = p_len + r_len
@@ -207,9 +221,30 @@ def pack_batch(prompts: list[list[int]], responses: list[list[int]], sampler_log
         adv = torch.zeros((n, length - 1), dtype=torch.float32)
         adv[r_at] = torch.from_numpy(np.fromiter(chain.from_iterable(token_advantages), dtype=np.float32,
                                                  count=len(r_rows)))
+    top_ids = top_logprobs = None
+    if teacher_top is not None:
+        top_ids, top_logprobs = (_per_token_lists(values, r_at, (n, length - 1), len(r_rows), dtype, what)
+                                 for values, dtype, what in ((teacher_top[0], torch.long, "teacher top-k ids"),
+                                                             (teacher_top[1], torch.float32,
+                                                              "teacher top-k logprobs")))
     return TokenBatch(input_ids, attention, resp_mask, samp, adv,
                       torch.tensor([1.0 if k else 0.0 for k in row_mask], dtype=torch.float32),
-                      has_sampler_logprobs=sampler_logprobs is not None)
+                      has_sampler_logprobs=sampler_logprobs is not None, teacher_top_ids=top_ids,
+                      teacher_top_logprobs=top_logprobs)
+
+
+def _per_token_lists(values: list[list[list]], at: tuple[torch.Tensor, torch.Tensor], shape: tuple[int, int],
+                     tokens: int, dtype: torch.dtype, what: str) -> torch.Tensor:
+    """[B, L-1, K] from K values per response token of each row (``at``: where each response token's column is)."""
+    flat = [v for row in values for v in row]
+    widths = {len(v) for v in flat}
+    if len(widths) > 1:
+        raise ValueError(f"pack_batch: {what} of different lengths {sorted(widths)}: K values per token expected")
+    k = widths.pop() if widths else 0
+    out = torch.zeros((*shape, k), dtype=dtype)
+    if flat:
+        out[at] = torch.tensor(flat, dtype=dtype).reshape(tokens, k)
+    return out
 
 
 def _check_one_per_response_token(values: list[list], r_len: np.ndarray, what: str) -> None:

@@ -46,6 +46,7 @@ class LearnerSpec:
     lora: LoraConfig | None = None  # train peft LoRA adapters only (the base stays frozen); None: all weights
     pack_prompts: bool = True     # micro-batches as packed rows, each group's prompt once (train.pack_prompts)
     objective: str = "policy_gradient"  # what the step minimises (grpo_core.algo.objective.OBJECTIVES)
+    teacher_top_k_weight: float = 0.0  # > 0: plus the forward KL to a distillation teacher's top K (distill.top_k)
 
 
 def _lr_lambda(train: TrainConfig, total_steps: int):
@@ -97,7 +98,7 @@ class Learner:
         started = time.perf_counter()
         torch.manual_seed(spec.seed)
         self.spec, self.algo, self.train_cfg = spec, algo, train
-        self.objective = make_objective(spec.objective, algo)
+        self.objective = make_objective(spec.objective, algo, spec.teacher_top_k_weight)
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype,
                                                      attn_implementation=segment_attention.register())
@@ -145,17 +146,18 @@ class Learner:
 
     # ----------------------------------------------------------------------------------------------- logprobs
     def _forward_logprobs(self, model, mb: TokenBatch, entropy: str = "none", temperature: float | None = None,
-                          pack: bool = False):
+                          pack: bool = False, teacher_top: bool = False):
         """-> (logprobs [B, L-1], entropy [B, L-1] or None) at the response tokens (0 elsewhere: nothing reads the
         prompt's). entropy: "none", "metric" (no grad) or "loss". ``temperature``: None is the sampling temperature
         (what the policy loss needs). ``pack``: the micro-batch as one packed row (``train.pack_prompts``,
         ``pack_row``: no padding, each group's prompt once), its attention by ``segment_attention``.
+        ``teacher_top``: a third value, the logprobs of ``mb.teacher_top_ids`` [B, L-1, K] (from the same logits).
 
         The decoder runs on the batch (or its packed row); the output layer only at the positions that predict a
         response token, ``logits_chunk_mb`` at a time (``output_head``): the [B, L, V] logits never exist."""
         temp = self.spec.temperature if temperature is None else temperature
         if self.zero_stage == 3:
-            return self._full_logits_logprobs(model, mb, entropy, temp)
+            return self._full_logits_logprobs(model, mb, entropy, temp, teacher_top)
         lm = _causal_lm(model)
         dev = self.device
         # Not under ZeRO-3 (above): its forward gathers each module's parameters in a collective, so every rank must
@@ -179,27 +181,43 @@ class Learner:
             rows, cols = (t.to(dev) for t in mb.response_mask.nonzero(as_tuple=True))
             at, where, targets = _states_at(hidden, rows, cols), (rows, cols), mb.input_ids.to(dev)[rows, cols + 1]
         head = lm.get_output_embeddings()
+        if teacher_top:  # the teacher's K tokens beside the sampled one: one logits chunk serves all K + 1
+            targets = torch.cat([targets[:, None], mb.teacher_top_ids.to(dev)[where]], dim=1)
         tok_logp, tok_ent = output_logprobs(at, head.weight, targets, temperature=temp, entropy=entropy,
                                             chunk_tokens=chunk_tokens_for(head.weight.shape[0],
                                                                           self.train_cfg.logits_chunk_mb))
         shape = (len(mb), mb.input_ids.shape[1] - 1)
+        top = None
+        if teacher_top:
+            tok_logp, tok_top = tok_logp[:, 0], tok_logp[:, 1:]
+            top = torch.zeros((*shape, tok_top.shape[1]), dtype=torch.float32, device=dev).index_put(where, tok_top)
         logp = torch.zeros(shape, dtype=torch.float32, device=dev).index_put(where, tok_logp)
-        if tok_ent is None:
-            return logp, None
-        return logp, torch.zeros(shape, dtype=torch.float32, device=dev).index_put(where, tok_ent)
+        ent = None if tok_ent is None else \
+            torch.zeros(shape, dtype=torch.float32, device=dev).index_put(where, tok_ent)
+        return (logp, ent, top) if teacher_top else (logp, ent)
 
-    def _full_logits_logprobs(self, model, mb: TokenBatch, entropy: str, temp: float):
+    def _full_logits_logprobs(self, model, mb: TokenBatch, entropy: str, temp: float, teacher_top: bool = False):
         """ZeRO-3: the whole model's forward (its hooks gather each module's partitioned parameters, the output
         layer's too), logprobs from the [B, L, V] logits at every position."""
         ids = mb.input_ids.to(self.device)
         out = model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device))
-        if out.logits.is_cuda and entropy != "loss":
+        if teacher_top:
+            logp, ent = self._logprobs_from_logits(out.logits, ids, entropy, temp)
+            top = torch.log_softmax(out.logits[:, :-1].float() / temp, dim=-1).gather(
+                -1, mb.teacher_top_ids.to(self.device))
+            return logp, ent, top * mb.response_mask.to(self.device)[..., None]
+        return self._logprobs_from_logits(out.logits, ids, entropy, temp)
+
+    @staticmethod
+    def _logprobs_from_logits(logits, ids, entropy: str, temp: float):
+        """(logprobs [B, L-1], entropy or None) from the whole [B, L, V] logits."""
+        if logits.is_cuda and entropy != "loss":
             # One fused pass that never makes a float32 copy of the logits (benchmarks/gpu_learner.py).
-            return token_logprobs_and_entropy(out.logits, ids, temp, with_entropy=entropy == "metric")
-        logp = token_logprobs(out.logits, ids, temp)
+            return token_logprobs_and_entropy(logits, ids, temp, with_entropy=entropy == "metric")
+        logp = token_logprobs(logits, ids, temp)
         if entropy == "none":
             return logp, None
-        scaled = out.logits[:, :-1].float() / temp
+        scaled = logits[:, :-1].float() / temp
         if entropy == "loss":
             return logp, entropy_from_logits(scaled)
         with torch.no_grad():
@@ -328,8 +346,10 @@ class Learner:
                     if by_tokens:  # as many micro-batches as this mini-batch has, not the configured count
                         self.engine.set_gradient_accumulation_boundary(k == len(plans[m]) - 1)
                     mask = mb.loss_mask.to(self.device)
-                    logp, entropy = self._forward_logprobs(
-                        self.engine, mb, entropy="loss" if self.algo.entropy_coeff > 0 else "metric", pack=True)
+                    top = self.spec.teacher_top_k_weight > 0 and mb.teacher_top_ids is not None
+                    logp, entropy, *student_top = self._forward_logprobs(
+                        self.engine, mb, entropy="loss" if self.algo.entropy_coeff > 0 else "metric", pack=True,
+                        teacher_top=top)
                     width = logp.shape[1]
                     mb_old = logp.detach() if old_logp is None else \
                         old_logp[mini_idx][idx][:, :width].to(self.device)
@@ -341,7 +361,9 @@ class Learner:
                     loss, metrics = self.objective(ObjectiveInputs(
                         logp, mb_old, adv.to(self.device), mask, entropy=entropy, denominator=denom,
                         norm_length=norm_length, sampler_logprobs=sampler_logp,
-                        ref_logprobs=None if ref_logp is None else ref_logp[mini_idx][idx][:, :width].to(self.device)))
+                        ref_logprobs=None if ref_logp is None else ref_logp[mini_idx][idx][:, :width].to(self.device),
+                        student_top_logprobs=student_top[0] if top else None,
+                        teacher_top_logprobs=mb.teacher_top_logprobs[:, :width].to(self.device) if top else None))
                     gathered.add(metrics)
                     self.engine.backward(loss * world_size if world_size > 1 else loss, scale_wrt_gas=False)
                     # DeepSpeed records the pre-clip norm under ZeRO 1-3 only; without ZeRO it clips, unrecorded.

@@ -23,38 +23,40 @@ def chunk_tokens_for(vocab_size: int, budget_mb: float) -> int:
 def output_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, temperature: float = 1.0,
                     entropy: str = "none", chunk_tokens: int = 512) -> tuple[Tensor, Tensor | None]:
     """hidden [N, H] (the final hidden states at the positions that predict ``targets``), weight [V, H] (the output
-    layer, no bias), targets [N] -> (logprobs [N] float32, entropy [N] float32 or None).
+    layer, no bias), targets [N] or [N, K] -> (logprobs [N] or [N, K] float32, entropy [N] float32 or None).
 
     ``logprobs[i] = log softmax(hidden[i] @ weight.T / temperature)[targets[i]]``, the same value as a log-softmax of
     the full logits, with gradients for ``hidden`` and ``weight`` (tied embeddings: the embedding's gradient).
+    K targets per position (the sampled token and a distillation teacher's top-k, say) share one logits chunk.
     ``entropy``: "none", "metric" (no gradient) or "loss" (differentiable, for an entropy bonus)."""
     if entropy not in ("none", "metric", "loss"):
         raise ValueError(f"entropy must be 'none', 'metric' or 'loss', got {entropy!r}")
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"hidden [N, H] and weight [V, H] expected, got {tuple(hidden.shape)} and "
                          f"{tuple(weight.shape)}")
-    if targets.shape != hidden.shape[:1]:
-        raise ValueError(f"targets must be [N] = [{hidden.shape[0]}], got {tuple(targets.shape)}")
+    if targets.dim() not in (1, 2) or targets.shape[0] != hidden.shape[0]:
+        raise ValueError(f"targets must be [N] or [N, K] with N = {hidden.shape[0]}, got {tuple(targets.shape)}")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    logp, ent = _ChunkedOutputLogprobs.apply(hidden, weight, targets, float(temperature), entropy != "none",
-                                             entropy == "loss", int(chunk_tokens))
-    return logp, (ent if entropy != "none" else None)
+    logp, ent = _ChunkedOutputLogprobs.apply(hidden, weight, targets.reshape(targets.shape[0], -1),
+                                             float(temperature), entropy != "none", entropy == "loss",
+                                             int(chunk_tokens))
+    return logp.reshape(targets.shape), (ent if entropy != "none" else None)
 
 
 class _ChunkedOutputLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, with_entropy, entropy_grad, chunk):
-        n = hidden.shape[0]
+        n = hidden.shape[0]  # targets [N, K]
         f32 = torch.float32
-        logp = torch.empty(n, dtype=f32, device=hidden.device)
+        logp = torch.empty(targets.shape, dtype=f32, device=hidden.device)
         lse = torch.empty(n, dtype=f32, device=hidden.device)
         ent = torch.empty(n if with_entropy else 0, dtype=f32, device=hidden.device)
         for i in range(0, n, chunk):
             j = min(n, i + chunk)
             z = _logits(hidden[i:j], weight, temperature)
             lse[i:j] = torch.logsumexp(z, dim=-1)
-            logp[i:j] = z.gather(-1, targets[i:j, None]).squeeze(-1) - lse[i:j]
+            logp[i:j] = z.gather(-1, targets[i:j]) - lse[i:j, None]
             if with_entropy:  # H = lse - sum_v p_v z_v
                 ent[i:j] = lse[i:j] - (z.sub(lse[i:j, None]).exp_() * z).sum(-1)
             del z
@@ -72,15 +74,15 @@ class _ChunkedOutputLogprobs(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         T = ctx.temperature
         use_ent = ctx.entropy_grad and g_ent is not None
-        g_logp = g_logp.float() if g_logp is not None else torch.zeros_like(lse)
+        g_logp = g_logp.float() if g_logp is not None else torch.zeros(targets.shape, device=lse.device)
         for i in range(0, hidden.shape[0], ctx.chunk):
             j = min(hidden.shape[0], i + ctx.chunk)
             z = _logits(hidden[i:j], weight, T)
             log_p = z.sub_(lse[i:j, None])       # log softmax, in place of z
             p = log_p.exp()
-            g = g_logp[i:j, None]
-            dz = p * -g                         # d logp_t / dz = onehot(t) - p
-            dz.scatter_add_(-1, targets[i:j, None], g)
+            g = g_logp[i:j]                      # [n, K]
+            dz = p * -g.sum(-1, keepdim=True)   # d logp_t / dz = onehot(t) - p, summed over the K targets
+            dz.scatter_add_(-1, targets[i:j], g)
             if use_ent:                          # d H / dz = -p (log p + H)
                 dz.sub_(p.mul_(log_p.add_(ent[i:j, None])).mul_(g_ent[i:j, None].float()))
             del p, log_p, z
