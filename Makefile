@@ -142,10 +142,12 @@ run-sft: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json
 # On-policy distillation on the real model: a teacher is trained first (SFT on worked answers, configs/smollm2-sft.yaml,
 # about 2.5 minutes), then the untrained SmolLM2-135M-Instruct, asked zero-shot, learns from that teacher's grading
 # of every token it samples (configs/smollm2-distill.yaml).
+# DISTILL_SET: more --set options for the distillation stage, e.g. DISTILL_SET="--set distill.top_k=8".
+DISTILL_SET ?=
 run-distill: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json
 	stamp=$$(date +%Y%m%d-%H%M%S); $(BIN)/grpo sft --config configs/smollm2-sft.yaml --set run_name=smollm2-teacher-$$stamp \
 		&& $(BIN)/grpo train --config configs/smollm2-distill.yaml \
-		--set distill.teacher=smollm2-teacher-$$stamp --set run_name=smollm2-distill-$$stamp
+		--set distill.teacher=smollm2-teacher-$$stamp --set run_name=smollm2-distill-$$stamp $(DISTILL_SET)
 
 # GRPO on the real model: SmolLM2-135M-Instruct learns two-digit + one-digit addition in its own chat template.
 run-smollm2: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json
