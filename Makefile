@@ -39,7 +39,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Material for MkDocs prints a banner about its successor on every build
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs docs-check envs run-sft run-distill run-atropos run-openenv run-verifiers run-smollm2-atropos run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
+.PHONY: docs docs-check envs run-sft run-distill run-retrain run-atropos run-openenv run-verifiers run-smollm2-atropos run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 $(STAMP): $(LOCK) pyproject.toml
@@ -148,6 +148,12 @@ run-distill: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json
 	stamp=$$(date +%Y%m%d-%H%M%S); $(BIN)/grpo sft --config configs/smollm2-sft.yaml --set run_name=smollm2-teacher-$$stamp \
 		&& $(BIN)/grpo train --config configs/smollm2-distill.yaml \
 		--set distill.teacher=smollm2-teacher-$$stamp --set run_name=smollm2-distill-$$stamp $(DISTILL_SET)
+
+# Scheduled retraining with the eval gate: three nights of the tiny policy in a fresh run root, each from the model
+# registry's champion; night 1 becomes champion, night 2 (a learning rate that collapses it) is refused, night 3 (a
+# new day's data file) is promoted; then `grpo registry show` and the champion's lineage (examples/retrain/demo.py).
+run-retrain: $(STAMP) $(TINY_MODEL)/config.json
+	$(BIN)/python examples/retrain/demo.py --root runs/retrain-$$(date +%Y%m%d-%H%M%S)
 
 # GRPO on the real model: SmolLM2-135M-Instruct learns two-digit + one-digit addition in its own chat template.
 run-smollm2: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -44,6 +44,7 @@ from tasks.context import Opaque, RunContext
 from tasks.conversations import conversations
 from tasks.endpoint import close_endpoint, open_endpoint, paused
 from tasks.evaluate import evaluate
+from tasks.gate import gate
 from tasks.inbox import take_inbox
 from tasks.io_retry import io_retry_options
 from tasks.outside import close_outside, fill_inbox, open_outside
@@ -81,6 +82,7 @@ class _Stages:
         self.latest_checkpoint, self.restore, self.save_final = \
             stage(latest_checkpoint), stage(restore), stage(save_final)
         self.record, self.write_status, self.scale_samplers = stage(record), stage(write_status), stage(scale_samplers)
+        self.gate = stage(gate)
 
 
 def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, inputs: RunInputs) -> RunContext:
@@ -278,6 +280,7 @@ class RunOutcome:
     recoveries: int = 0
     replaced_samplers: int = 0
     actors: list = field(default_factory=list)
+    gate: dict | None = None  # the eval gate's outcome (grpo_core.promotion.GateOutcome), when cfg.gate is set
 
 
 def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> RunOutcome:
@@ -287,7 +290,7 @@ def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> RunOutcome:
     for change in plan.config_changes:
         print(f"config change on resume: {change}")
     if plan.finished:
-        return _already_finished(cfg, store)
+        return _gated(cfg, store, stages, _already_finished(cfg, store))
     ctx = None
     try:
         inputs = stages.resolve_inputs(cfg, store)
@@ -295,7 +298,7 @@ def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> RunOutcome:
         if inputs.teacher_folder is not None:
             print(f"distillation teacher: {inputs.teacher_from}")
         ctx = _build_context(cfg.starting_from(inputs.weights_folder), store, plan.status, inputs)
-        return _train(ctx, stages, plan.checkpoint, started, terminal)
+        outcome = _train(ctx, stages, plan.checkpoint, started, terminal)
     except BaseException as exc:
         try:
             stages.write_status(store, plan.status, "failed", f"{type(exc).__name__}: {exc}")
@@ -316,6 +319,18 @@ def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> RunOutcome:
             if ctx.teacher is not None:
                 ctx.teacher.close()
             ctx.engines.close()
+    return _gated(cfg, store, stages, outcome)
+
+
+def _gated(cfg: GRPOConfig, store: RunStore, stages: _Stages, outcome: "RunOutcome") -> "RunOutcome":
+    """The eval gate after training (cfg.gate set), once the run's engines are gone: its outcome joins the
+    flow run's result. A finished run whose gate never ran, or found the registry unavailable, gates again."""
+    from grpo_core.promotion import gate_pending
+
+    if cfg.gate is None or not gate_pending(store):
+        return outcome
+    decided = stages.gate(cfg, store)
+    return replace(outcome, gate=decided.to_json(), summary=[*outcome.summary, f"gate: {decided.reason}"])
 
 
 def run_tags(cfg: GRPOConfig) -> list[str]:

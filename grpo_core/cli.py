@@ -173,17 +173,35 @@ def _cmd_runs_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from grpo_core.serve import ServeOptions, serve
+    from contextlib import ExitStack
+
+    from grpo_core.registry import RegistryError, RegistryUnavailable
+    from grpo_core.registry.commands import champion_policy
 
     extra = list(args.vllm_args)
     if extra[:1] == ["--"]:
         extra = extra[1:]
-    serve(ServeOptions(model=args.model, host=args.host, port=args.port, dtype=args.dtype, seed=args.seed,
+    with ExitStack() as stack:
+        model = args.model
+        if model == "champion":
+            try:
+                model, described = champion_policy(stack, args)
+            except (RegistryError, RegistryUnavailable) as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 2
+            print(f"serving {described}")
+        _serve(args, model, extra)
+    return 0
+
+
+def _serve(args: argparse.Namespace, model: str, extra: list[str]) -> None:
+    from grpo_core.serve import ServeOptions, serve
+
+    serve(ServeOptions(model=model, host=args.host, port=args.port, dtype=args.dtype, seed=args.seed,
                        max_model_len=args.max_model_len, kv_cache_mb=args.kv_cache_mb,
                        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=not args.compile,
                        lora=args.lora, max_lora_rank=args.max_lora_rank, served_model_name=args.served_model_name,
                        extra=extra))
-    return 0
 
 
 def _run_store(args: argparse.Namespace):
@@ -289,6 +307,9 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     _add_run_commands(sub)
     _add_serving_commands(sub)
     _add_data_commands(sub)
+    from grpo_core.registry.commands import add_registry_commands
+
+    add_registry_commands(sub)
     return parser
 
 
@@ -386,7 +407,11 @@ def _add_run_commands(sub: Any) -> None:
 def _add_serving_commands(sub: Any) -> None:
     """A sampler server, the local deployment stack, offline scoring."""
     p = sub.add_parser("serve", help="vLLM's OpenAI-compatible server as a sampler for cluster.placement=external")
-    p.add_argument("--model", required=True, help="HF model folder")
+    p.add_argument("--model", required=True, help="HF model folder, or 'champion': the model registry's champion "
+                                                   "(of the runs under --root; --kind, --uri, --name as registry.*)")
+    from grpo_core.registry.commands import add_location_arguments
+
+    add_location_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only: the weight "
                                                       "routes are reachable from wherever it listens)")
     p.add_argument("--port", type=int, default=8000)

@@ -29,11 +29,13 @@ from grpo_core.config_sections import (  # the sections, re-exported: import the
     EnvConfig,
     EvalConfig,
     EvalDatasetConfig,
+    GateConfig,
     LoggingConfig,
     LoraConfig,
     LoraTarget,
     ModelConfig,
     ModelRewardConfig,
+    RegistryConfig,
     RewardConfig,
     RoleResources,
     RolloutConfig,
@@ -54,8 +56,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_EVAL_SET", "VLLM_LORA_RANKS", "AlgoConfig", "ChatTurn", "CheckpointConfig", "ClusterConfig",
            "ConfigError", "DataConfig", "DistillConfig", "EndpointConfig", "EnvConfig", "EvalConfig",
-           "EvalDatasetConfig", "GRPOConfig", "LoggingConfig",
-           "LoraConfig", "LoraTarget", "ModelConfig", "ModelRewardConfig", "RESUME_SAFE_FIELDS", "RewardConfig",
+           "EvalDatasetConfig", "GRPOConfig", "GateConfig", "LoggingConfig",
+           "LoraConfig", "LoraTarget", "ModelConfig", "ModelRewardConfig", "RESUME_SAFE_FIELDS", "RegistryConfig", "RewardConfig",
            "RoleResources", "RolloutConfig", "StorageConfig", "TrainConfig", "WeightsConfig", "build_config",
            "check_model_folder", "check_reward_model_folders",
            "expand_run_name", "load_config", "merge_trees", "parse_overrides", "upgrade_stored_config",
@@ -113,6 +115,11 @@ class GRPOConfig(_Section):
                                                                               "S3)")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="how often, how many kept")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="metric sinks and the terminal")
+    registry: RegistryConfig = Field(default_factory=RegistryConfig,
+                                     description="the model registry: the champion, every gated version, lineage")
+    gate: GateConfig | None = Field(
+        default=None, description="the eval gate after training: promote the final policy to champion only if it "
+                                  "beats the registry's champion on the gate sets (None: no gate, nothing registered)")
 
     # Derived batch arithmetic: computed here once, never re-derived elsewhere.
     @property
@@ -301,6 +308,7 @@ class GRPOConfig(_Section):
         if self.atropos is not None and self.algo.filter_groups:
             raise ValueError("atropos is set with algo.filter_groups: dynamic sampling resamples prompts the run "
                              "does not choose here (an Atropos environment filters its own groups); turn it off")
+        self._check_gate()
         if self.data.eval_path and self.eval.datasets:
             raise ValueError(f"data.eval_path ({self.data.eval_path}) and eval.datasets are both set: list the "
                              f"file as one of eval.datasets (e.g. {DEFAULT_EVAL_SET}: {{path: ...}}) instead")
@@ -311,6 +319,38 @@ class GRPOConfig(_Section):
         """Every group comes from outside (an Atropos API server, or the endpoint's clients): the run samples no
         prompt of its own."""
         return self.atropos is not None or (self.endpoint is not None and bool(self.endpoint.clients))
+
+    def _check_gate(self) -> None:
+        """The gate reads eval sets that exist and figures they measure; the default MLflow registry under a remote
+        storage.root needs a tracking server."""
+        r = self.registry
+        uses_registry = self.gate is not None or self.model.init_from == "champion"
+        if uses_registry and r.kind == "mlflow" and r.uri is None and "://" in self.storage.root \
+                and not self.storage.root.startswith("file://"):
+            raise ValueError(f"registry.kind=mlflow keeps its SQLite store under storage.root, which is remote "
+                             f"({self.storage.root}): set registry.uri to a tracking server, or registry.kind=folder")
+        g = self.gate
+        if g is None:
+            return
+        sets = self.eval_sets()
+        if not sets:
+            raise ValueError("gate is set but the config names no eval set: set eval.datasets (or data.eval_path)")
+        unknown = sorted(set(g.sets or []) - set(sets))
+        if unknown:
+            raise ValueError(f"gate.sets names {unknown}, which are not eval sets: {sorted(sets)}")
+        for name in g.sets or list(sets):
+            spec = sets[name]
+            measured = ({"accuracy"} if spec.greedy or spec.samples else set()) | {f"pass@{k}" for k in spec.ks}
+            missing = [f for f in g.figures if f not in measured]
+            if missing:
+                raise ValueError(f"gate reads {missing} of eval set {name!r}, which measures {sorted(measured)} "
+                                 f"(pass@k needs eval.datasets.{name}.samples and pass_k)")
+
+    def gate_sets(self) -> dict[str, EvalDatasetConfig]:
+        """The eval sets the gate evaluates on, every default resolved (``eval_sets``, restricted to gate.sets)."""
+        sets = self.eval_sets()
+        names = self.gate.sets if self.gate is not None and self.gate.sets is not None else list(sets)
+        return {name: sets[name] for name in names}
 
     def _check_sft(self) -> None:
         """An SFT run trains on conversations from its data (data.format chat, and only then), synchronously, on
@@ -388,7 +428,7 @@ RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "logging", "cluster
                       "endpoint.max_open_episodes", "endpoint.clients", "endpoint.client_restarts",
                       "endpoint.groups_wait_s", "atropos.api_url", "atropos.api_command", "atropos.api_port",
                       "atropos.envs", "atropos.env_restarts", "atropos.wait_s", "atropos.api_timeout_s",
-                      "distill.replicas", "distill.batch_size")
+                      "distill.replicas", "distill.batch_size", "registry", "gate")
 
 
 # The cap of pi_old / pi_sampler in TIS (Yao et al.), sequence TIS and AReaL's decoupled objective.

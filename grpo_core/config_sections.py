@@ -52,9 +52,10 @@ class ModelConfig(_Section):
     path: str = Field(description="HF-format model folder (weights + tokenizer), loaded by transformers and vLLM")
     init_from: str | None = Field(
         default=None, description="start from another run's policy instead of model.path's weights: a run name or "
-        "glob of run names under storage.root (the newest finished run's final/, else its latest checkpoint), or an "
-        "HF model folder; resolved once when the run starts and recorded in init_from.json. Nothing matching: "
-        "model.path's weights (the first run of a schedule)")
+        "glob of run names under storage.root (the newest finished run's final/, else its latest checkpoint), "
+        "'champion' (the model registry's champion, see registry), or an HF model folder; resolved once when the run "
+        "starts and recorded in init_from.json. Nothing matching (no champion yet): model.path's weights (the first "
+        "run of a schedule)")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="float32", description="what the engines compute in; auto: bfloat16 where the device computes it "
         "natively (CUDA, or a CPU with AVX-512 BF16 / AMX), else float32 (each engine decides on its own device). "
@@ -726,3 +727,63 @@ class LoggingConfig(_Section):
         if len(set(self.backends)) != len(self.backends):
             raise ValueError(f"logging.backends lists a backend twice: {self.backends}")
         return self
+
+
+REGISTRY_FOLDER = "registry"  # under storage.root: the default home of the model registry
+
+
+class RegistryConfig(_Section):
+    """Where the champion and every gated challenger are recorded (``grpo registry show``). MLflow's model registry by
+    default (the ``champion`` alias on a registered model), or a plain JSON document in a folder."""
+
+    kind: Literal["mlflow", "folder"] = Field(
+        default="mlflow", description="mlflow: MLflow's model registry (a SQLite store under storage.root, or "
+                                      "registry.uri); folder: one registry.json in a folder (local or fsspec URL)")
+    uri: str | None = Field(
+        default=None, description="mlflow: a tracking URI (sqlite:///path.db, http://host:5000); folder: a folder "
+                                  "or fsspec URL. None: storage.root/registry (mlflow: its mlflow.db)")
+    name: str = Field(default="grpo-policy", pattern=r"^[A-Za-z0-9._-]+$",
+                      description="the registered model: the lineage of policies one champion is chosen from")
+    timeout_s: float = Field(
+        default=10.0, gt=0.0, le=600.0,
+        description="how long one request to a registry server may take (MLflow over HTTP) before the registry "
+                    "counts as unavailable")
+
+
+class GateConfig(_Section):
+    """The eval gate at the end of a run: its final policy (the challenger) and the registry's champion are
+    evaluated on the gate sets with the same prompts and seeds; the challenger becomes champion only if it wins.
+
+    ``metric`` is a per-set figure of the eval sets (``accuracy``, or ``pass@k`` of a set with samples), averaged
+    over the gate sets; promotion needs ``challenger - champion >= margin`` and, for each of ``guards``, a loss of
+    at most its tolerance. Without a champion yet the challenger is promoted when it reaches ``min_value``."""
+
+    sets: list[str] | None = Field(
+        default=None, description="names of eval sets to gate on (eval.datasets, or 'default' for data.eval_path); "
+                                  "None: every eval set")
+    metric: str = Field(default="accuracy", pattern=r"^(accuracy|pass@[0-9]+)$",
+                        description="the figure compared: accuracy or pass@k, the mean over the gate sets")
+    margin: float = Field(default=0.02, ge=0.0, le=1.0,
+                          description="the challenger must beat the champion by at least this much on metric")
+    guards: dict[str, float] = Field(
+        default_factory=dict, description="other figures (accuracy, pass@k) the challenger may lose by at most the "
+                                          "given tolerance, e.g. {pass@8: 0.05}")
+    min_value: float = Field(default=0.0, ge=0.0, le=1.0,
+                             description="the first champion (no champion yet) needs metric >= this")
+
+    @model_validator(mode="after")
+    def _guards(self) -> "GateConfig":
+        bad = [k for k in self.guards if not re.fullmatch(r"accuracy|pass@[0-9]+", k)]
+        if bad:
+            raise ValueError(f"gate.guards names {bad}: a guard is accuracy or pass@k")
+        negative = {k: v for k, v in self.guards.items() if v < 0}
+        if negative:
+            raise ValueError(f"gate.guards tolerances must be >= 0, got {negative}")
+        if self.sets is not None and (not self.sets or len(set(self.sets)) != len(self.sets)):
+            raise ValueError(f"gate.sets must name at least one set, each once: {self.sets}")
+        return self
+
+    @property
+    def figures(self) -> list[str]:
+        """The per-set figures the gate reads: metric, then the guarded ones."""
+        return [self.metric] + [k for k in self.guards if k != self.metric]

@@ -7,21 +7,35 @@ policy (its ``final/``, else its latest committed checkpoint) and records the ch
 resume, or a Prefect retry of the same flow run, reads that record instead of resolving again, so the weights a run
 started from never change under it (a newer run may have finished in the meantime).
 
-Nothing matching (the first run of a schedule) means ``model.path``'s weights, recorded as such.
+``model.init_from: champion`` names the model registry's champion (``grpo_core.registry``): the run starts from
+that version's policy and records the version, which is the parent in the lineage the registry keeps of every
+version it registers (`version_lineage`: parent, data files with sizes and hashes, resolved config, code commit).
+
+Nothing matching (the first run of a schedule, no champion yet) means ``model.path``'s weights, recorded as such.
 """
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
+import subprocess
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import fsspec
 
 from grpo_core import checkpoint
 from grpo_core.runs import FINAL, FINAL_MANIFEST, read_status, run_names
 from grpo_core.storage import RunStore
 
+if TYPE_CHECKING:
+    from grpo_core.config import RegistryConfig
+    from grpo_core.registry import ModelVersion
+
 INIT_FROM = "init_from.json"
 TEACHER = "teacher.json"
+INPUTS = "lineage_inputs.json"  # the data files' sizes and hashes and the code's commit, at the run's first start
+CHAMPION = "champion"            # model.init_from: the registry's champion
 
 
 class InitFromError(ValueError):
@@ -37,15 +51,32 @@ class InitSource:
     folder: str | None           # run-relative folder of the policy (final or checkpoints/iter-N), or an HF path
     policy_version: int | None   # the source run's policy version at that folder
     finished_at: float | None    # when the source run last wrote its status
+    registry_version: int | None = None  # init_from=champion: the registry version it was
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def resolve(spec: str | None, root: str, storage_options: dict | None, this_run: str) -> InitSource:
+def _champion(root: str, registry: "RegistryConfig | None", storage_options: dict | None) -> InitSource:
+    from grpo_core.config import RegistryConfig
+    from grpo_core.registry import open_registry
+
+    champion = open_registry(registry or RegistryConfig(), root, storage_options).champion()
+    if champion is None:
+        return InitSource(CHAMPION, None, None, None, None)
+    if champion.root.rstrip("/") != root.rstrip("/"):
+        raise InitFromError(f"model.init_from=champion: the champion (version {champion.version}, run "
+                            f"{champion.run}) lives under {champion.root}, not this run's storage.root {root}")
+    return InitSource(CHAMPION, champion.run, FINAL, champion.policy_version, None, champion.version)
+
+
+def resolve(spec: str | None, root: str, storage_options: dict | None, this_run: str,
+            registry: "RegistryConfig | None" = None) -> InitSource:
     """The newest policy ``spec`` names (see the module docstring). Runs are ranked by their status heartbeat."""
     if spec is None:
         return InitSource(None, None, None, None, None)
+    if spec == CHAMPION:
+        return _champion(root, registry, storage_options)
     if os.path.isfile(os.path.join(spec, "config.json")):
         return InitSource(spec, None, os.path.abspath(spec), None, None)
     names = [n for n in run_names(root, storage_options) if fnmatch.fnmatchcase(n, spec) and n != this_run]
@@ -68,13 +99,13 @@ def resolve(spec: str | None, root: str, storage_options: dict | None, this_run:
 
 
 def recorded_or_resolved(store: RunStore, spec: str | None, root: str, storage_options: dict | None,
-                         record: str = INIT_FROM) -> tuple[InitSource, bool]:
+                         record: str = INIT_FROM, registry: "RegistryConfig | None" = None) -> tuple[InitSource, bool]:
     """(the source, whether it was recorded before): a run resolves ``init_from`` (or the distillation teacher, in
     ``teacher.json``) once, at its first start."""
     doc = store.get_json_file(record)
     if isinstance(doc, dict) and doc.get("spec") == spec:
         return InitSource(**{k: doc.get(k) for k in InitSource.__dataclass_fields__}), True
-    source = resolve(spec, root, storage_options, store.run_name)
+    source = resolve(spec, root, storage_options, store.run_name, registry)
     store.put_json_file(record, source.to_json())
     return source, False
 
@@ -111,7 +142,106 @@ def describe(source: InitSource, field: str = "model.init_from") -> str:
     if source.spec is None:
         return "model.path"
     if source.folder is None:
+        if source.spec == CHAMPION:
+            return f"model.path ({field}=champion: the registry has no champion yet)"
         return f"model.path ({field}={source.spec!r} matched no run with a policy yet)"
+    if source.registry_version is not None:
+        return (f"the registry's champion, version {source.registry_version}: run {source.run}'s {source.folder} "
+                f"(policy version {source.policy_version})")
     if source.run is None:
         return f"{source.folder} ({field})"
     return f"run {source.run}'s {source.folder} (policy version {source.policy_version}; {field}={source.spec!r})"
+
+
+def code_version() -> dict[str, Any]:
+    """The git commit of the code running (and whether the checkout had changes); None outside a git checkout."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", here, *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None, "where": here}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status), "where": here}
+
+
+def file_digest(url: str, storage_options: dict | None) -> dict[str, Any]:
+    """Size and sha256 of one data file (local or fsspec URL)."""
+    digest, size = hashlib.sha256(), 0
+    with fsspec.open(url, "rb", **(storage_options or {})) as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return {"path": url, "size": size, "sha256": digest.hexdigest()}
+
+
+def record_inputs(store: RunStore, data_files: dict[str, list[str]], storage_options: dict | None) -> dict:
+    """At a run's first start: every data file's size and hash, and the code's commit (``lineage_inputs.json``);
+    a resume keeps the first record."""
+    doc = store.get_json_file(INPUTS)
+    if isinstance(doc, dict):
+        return doc
+    doc = {"data": [{"role": role, **file_digest(path, storage_options)}
+                    for role, paths in data_files.items() for path in paths],
+           "code": code_version()}
+    store.put_json_file(INPUTS, doc)
+    return doc
+
+
+def parent_of(store: RunStore) -> dict[str, Any]:
+    """The model a run started from, as lineage records it: a registry version, another run's policy, or a
+    model folder (model.path or an HF folder)."""
+    doc = store.get_json_file(INIT_FROM) or {}
+    config = store.read_config() or {}
+    if doc.get("run"):
+        return {"kind": "registry" if doc.get("registry_version") is not None else "run",
+                "registry_version": doc.get("registry_version"), "run": doc["run"], "folder": doc.get("folder"),
+                "policy_version": doc.get("policy_version")}
+    path = doc.get("folder") or config.get("model", {}).get("path")
+    return {"kind": "model", "path": path}
+
+
+def version_lineage(store: RunStore, storage_options: dict | None) -> dict[str, Any]:
+    """What a registered version records of where it came from (``grpo registry show --lineage``)."""
+    inputs = store.get_json_file(INPUTS)
+    if not isinstance(inputs, dict):  # a run started before lineage was recorded: its files as they are now
+        files = store.get_json_file("data_files.json") or {}
+        inputs = {"data": [{"role": role, **file_digest(p, storage_options)} for role, paths in files.items()
+                           for p in paths], "code": code_version(), "recorded": "at registration"}
+    return {"parent": parent_of(store), "data": inputs["data"], "code": inputs["code"],
+            "config": store.read_config()}
+
+
+def walk(versions: "list[ModelVersion]", number: int) -> list[dict[str, Any]]:
+    """The chain of models behind registry version ``number``, newest first: each registered version, then the
+    first model (a model folder, or a run that was never registered)."""
+    by_number = {v.version: v for v in versions}
+    by_run: dict[str, ModelVersion] = {}
+    for v in versions:
+        by_run[v.run] = v  # the newest version of a run
+    chain: list[dict[str, Any]] = []
+    current = by_number.get(number)
+    seen: set[int] = set()
+    while current is not None and current.version not in seen:
+        seen.add(current.version)
+        lin = current.lineage
+        chain.append({"version": current.version, "run": current.run, "decision": current.decision,
+                      "registered_at": current.registered_at, "metrics": current.metrics,
+                      "code": lin.get("code"), "data": lin.get("data"), "parent": lin.get("parent")})
+        parent = lin.get("parent") or {}
+        if parent.get("registry_version") is not None:
+            current = by_number.get(parent["registry_version"])
+        elif parent.get("run"):
+            current = by_run.get(parent["run"])
+            if current is None:
+                chain.append({"run": parent["run"], "folder": parent.get("folder"), "registered": False})
+        else:
+            chain.append({"model": parent.get("path")})
+            current = None
+    return chain

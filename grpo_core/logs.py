@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 LOGS = "logs"
 # Loggers of the libraries a driver process imports; their records go to logs/libraries.log unless verbose.
 LIBRARY_LOGGERS = ("py.warnings", "ray", "transformers", "datasets", "torch", "deepspeed", "vllm", "filelock",
-                   "fsspec", "s3fs", "urllib3", "httpx", "asyncio")
+                   "fsspec", "s3fs", "urllib3", "httpx", "asyncio", "mlflow", "alembic")
 
 
 def redirect_process_output(path: str) -> None:
@@ -29,3 +31,19 @@ def redirect_process_output(path: str) -> None:
         os.dup2(fd, 2)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def process_output_to(path: str) -> Iterator[None]:
+    """`redirect_process_output` for a while: for an engine the driver itself runs briefly (the eval gate's vLLM),
+    whose C++ warnings and progress bars would otherwise reach the terminal. Restores both descriptors after."""
+    saved = (os.dup(1), os.dup(2))
+    try:
+        redirect_process_output(path)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for target, fd in zip((1, 2), saved):
+            os.dup2(fd, target)
+            os.close(fd)

@@ -4,8 +4,9 @@ What a person does, done by a script: `grpo stack up`; a deployment run of `grpo
 its artifacts read back through the REST API (progress 100 %, one metrics row per iteration, the evaluation with
 examples, the summary naming the final policy) and its Logs tab holding the flow's lines; headless Chromium
 screenshots of the flow-run page, its Artifacts and Logs tabs and the artifacts themselves, each page's rendered DOM
-checked for what the screenshot should show; two runs of the scheduled deployment `grpo-train/tiny-nightly`, the
-second starting from the first's final policy in a run folder of its own; a deployment run of
+checked for what the screenshot should show; two runs of the scheduled deployment `grpo-train/tiny-nightly`, each
+starting from the model registry's champion in a run folder of its own and gated against it, its decision artifact
+read back and rendered; a deployment run of
 `grpo-sft-rl/smollm2-sft-rl` whose two stages (SFT, then RL from its policy) are its subflow runs, each page naming
 its parent; `grpo stack down`, after which nothing
 the stack started is still running. Screenshots and a report land in runs/ui-check/.
@@ -163,19 +164,49 @@ def check_tiny_run(api: Api, ui: str, out: Path, iterations: int, timeout_s: flo
     return run
 
 
-def check_nightly(api: Api, timeout_s: float) -> list[str]:
+NIGHTLY_REGISTRY = "tiny-nightly"  # registry.name of the nightly deployment
+
+
+def champion() -> dict | None:
+    """The nightly registry's champion, as `grpo registry show` prints it."""
+    out = subprocess.run([str(ROOT / ".venv/bin/grpo"), "registry", "show", "--root", "runs", "--name",
+                          NIGHTLY_REGISTRY], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode:
+        raise CheckFailed(f"grpo registry show failed:\n{out.stderr}")
+    return json.loads(out.stdout)["champion"]
+
+
+def check_nightly(api: Api, ui: str, out: Path, timeout_s: float) -> list[str]:
+    """Two runs of the scheduled deployment: each starts from the registry's champion (model.init_from=champion),
+    is gated against it, and publishes its decision as an artifact whose page renders it."""
     print("two runs of the scheduled deployment grpo-train/tiny-nightly")
     names = []
     for _ in range(2):
+        before = champion()
         run = api.run_deployment("grpo-train/tiny-nightly", ["iterations=3", "eval.interval=0"], timeout_s)
         check(run["state_type"] == "COMPLETED", f"nightly flow run {run['name']} completed")
-        names.append(run["name"])
+        name, folder = run["name"], ROOT / "runs" / run["name"]
+        names.append(name)
+        source = json.loads((folder / "init_from.json").read_text())
+        check(source.get("registry_version") == (before or {}).get("version"),
+              f"{name} started from the champion then ({(before or {}).get('version', 'none: model.path')}): "
+              f"{source}")
+        gate = json.loads((folder / "gate.json").read_text())
+        after = champion()
+        check(gate["outcome"] in ("promoted", "refused") and
+              (after["version"] == gate["version"] if gate["outcome"] == "promoted" else after == before),
+              f"the gate's decision ({gate['reason']}) is the registry's (champion now {after['version']})")
+        arts = {a["key"]: a for a in api.artifacts(run["id"])}
+        key = f"{name.lower().replace('_', '-').replace('.', '-')}-gate"
+        check(key in arts and gate["reason"] in arts[key]["data"], f"the decision artifact {key} holds the reason")
+        shots = out / name
+        shots.mkdir(parents=True, exist_ok=True)
+        dom = browse(f"{ui}/artifacts/artifact/{arts[key]['id']}", shots / "artifact-gate.png")
+        check(key in dom and "Gate:" in dom and gate["outcome"].upper()[:7] in dom.upper(),
+              "the decision artifact's page renders it")
         time.sleep(1.1)  # the run name template has one-second resolution
     first, second = (ROOT / "runs" / n for n in names)
     check(first != second and first.is_dir() and second.is_dir(), f"each night has its own run folder: {names}")
-    source = json.loads((second / "init_from.json").read_text())
-    check(source["run"] == names[0] and source["folder"] == "final",
-          f"{names[1]} started from {names[0]}'s final policy ({source})")
     files = json.loads((second / "data_files.json").read_text())["files"]["train"]
     check(any(f.endswith("data/arith/train.jsonl") for f in files), f"the data glob resolved to {files}")
     return names
@@ -248,7 +279,7 @@ def main() -> int:
     try:
         tiny = check_tiny_run(api, ui, out, args.iterations, args.timeout)
         report["tiny"] = {"flow_run": tiny["id"], "name": tiny["name"]}
-        report["nightly"] = check_nightly(api, args.timeout)
+        report["nightly"] = check_nightly(api, ui, out, args.timeout)
         sft_rl = check_sft_rl(api, ui, out, args.timeout)
         report["sft_rl"] = {"flow_run": sft_rl["id"], "name": sft_rl["name"]}
     finally:

@@ -77,15 +77,17 @@ class RunInputs:
 @task(name="resolve-inputs", cache_policy=NONE)
 def resolve_inputs(cfg: GRPOConfig, store: RunStore) -> RunInputs:
     """Resolve ``model.init_from``, ``distill.teacher`` and the data folders/globs once per run (recorded in the run
-    folder, reused by resumes); copy a remote starting policy or teacher to ``$GRPO_CACHE_DIR/init_from`` (default
+    folder with the data files' sizes and hashes and the code's commit, reused by resumes); copy a remote starting policy or teacher to ``$GRPO_CACHE_DIR/init_from`` (default
     ``.cache``)."""
     opts = cfg.storage.options or None
-    source, _ = lineage.recorded_or_resolved(store, cfg.model.init_from, cfg.storage.root, opts)
+    source, _ = lineage.recorded_or_resolved(store, cfg.model.init_from, cfg.storage.root, opts,
+                                             registry=cfg.registry)
     cache = os.path.join(os.environ.get("GRPO_CACHE_DIR", ".cache"), "init_from")
     folder = lineage.local_policy_folder(source, cfg.storage.root, opts, cache)
     specs = {"train": cfg.data.train_path}
     specs.update({eval_files_key(name): spec.path for name, spec in cfg.eval_sets().items()})
     files = data_files.recorded_or_resolved(store, specs, opts)
+    lineage.record_inputs(store, files, opts)
     teacher = teacher_from = None
     if cfg.distill is not None:
         spec = cfg.distill.teacher

@@ -47,7 +47,7 @@ def test_an_unresolved_ray_address_template_is_refused_with_what_to_do():
         load_config(REPO / "configs/tiny.yaml", ["cluster.ray_address='{{ $GRPO_RAY_ADDRESS }}'"])
 
 
-def test_the_nightly_deployment_retrains_from_the_last_night_in_a_folder_of_its_own(monkeypatch):
+def test_the_nightly_deployment_retrains_from_the_champion_in_a_folder_of_its_own_and_gates(monkeypatch):
     from datetime import datetime, timezone
 
     spec = yaml.safe_load((REPO / "deployments/prefect.yaml").read_text())
@@ -58,7 +58,8 @@ def test_the_nightly_deployment_retrains_from_the_last_night_in_a_folder_of_its_
     night = datetime(2026, 11, 24, 3, 0, 0, tzinfo=timezone.utc)
     cfg = load_config(REPO / params["config_path"], params["overrides"], now=night)
     assert cfg.run_name == "tiny-nightly-20261124-030000"
-    assert cfg.model.init_from == "tiny-nightly-*" and "*" in cfg.data.train_path
+    assert cfg.model.init_from == "champion" and "*" in cfg.data.train_path
+    assert cfg.gate is not None and cfg.registry.name == "tiny-nightly" and list(cfg.gate_sets()) == ["default"]
 
 
 def _ray_start_resources(group: dict) -> dict[str, float]:

@@ -2,6 +2,7 @@
 backends."""
 from __future__ import annotations
 
+import json
 import math
 import sys
 
@@ -47,3 +48,73 @@ def test_a_backend_that_is_not_installed_is_named(tmp_path, backend, monkeypatch
     cfg = load_config(None, [f"logging.backends=[{backend}]"])
     with pytest.raises(MetricSinkError, match=f"logging.backends includes {backend}.*pip install {backend}"):
         MetricSinks(cfg, RunStore(str(tmp_path), "run"), start_step=0)
+
+
+def _wandb_history(run_folder) -> dict[str, list[tuple[int, dict]]]:
+    """Each offline W&B run under ``run_folder`` (its id -> the (step, row) it logged), read from the .wandb files
+    themselves: the log format of W&B's datastore (LevelDB's: 32 KiB blocks, 7-byte record headers, records split
+    across blocks as FIRST/MIDDLE/LAST) holding its protobuf Records."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    runs: dict[str, list[tuple[int, dict]]] = {}
+    for path in sorted(run_folder.glob("wandb/offline-run-*/run-*.wandb")):
+        raw, pos, pending = path.read_bytes(), 7, b""  # after the file header (":W&B", version)
+        while pos + 7 <= len(raw):
+            left = 32768 - pos % 32768
+            if left < 7:
+                pos += left
+                continue
+            _crc, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+            pos += 7
+            if length == 0 and kind == 0:  # the zero padding at a block's end
+                pos += left - 7
+                continue
+            pending += raw[pos:pos + length]
+            pos += length
+            if kind in (1, 4):  # FULL or LAST
+                record = pb.Record()
+                record.ParseFromString(pending)
+                pending = b""
+                if record.WhichOneof("record_type") == "history":
+                    items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                    row = {k: v for k, v in items.items() if not k.startswith("_")}  # W&B's own _step, _runtime
+                    runs.setdefault(path.stem.removeprefix("run-"), []).append((record.history.step.num, row))
+    return runs
+
+
+def test_wandb_offline_holds_the_rows_under_their_metrics_parquet_names_and_a_resume_continues_it(tmp_path,
+                                                                                                monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # the sink's default: offline, no account, no network
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = load_config(None, ["logging.backends=[wandb]", "run_name=run"])
+    store = RunStore(str(tmp_path), "run")
+    sinks = MetricSinks(cfg, store, start_step=0)
+    for it in range(3):
+        sinks.log({"iteration": it, "loss": 0.5 + it, "eval_accuracy": None, "rollout_started_at": 1e9})
+    sinks.close()
+    resumed = MetricSinks(cfg, store, start_step=2)
+    resumed.log({"iteration": 2, "loss": 9.0, "eval_accuracy": 0.75})
+    resumed.close()
+    runs = _wandb_history(tmp_path / "run")
+    assert list(runs) == [json.loads((tmp_path / "run" / "tracking_ids.json").read_text())["wandb"]]
+    assert runs[next(iter(runs))] == [(0, {"loss": 0.5}), (1, {"loss": 1.5}), (2, {"loss": 2.5}),
+                                      (2, {"loss": 9.0, "eval_accuracy": 0.75})]
+
+
+def test_mlflow_holds_the_rows_in_the_run_folder_and_a_resume_continues_the_same_run(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = load_config(None, ["logging.backends=[mlflow]", "run_name=run"])
+    store = RunStore(str(tmp_path), "run")
+    for start, rows in ((0, [(0, 0.5), (1, 1.5)]), (1, [(1, 9.0)])):
+        sinks = MetricSinks(cfg, store, start_step=start)
+        for it, loss in rows:
+            sinks.log({"iteration": it, "loss": loss})
+        sinks.close()
+    run_id = json.loads((tmp_path / "run" / "tracking_ids.json").read_text())["mlflow"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "loss")) == \
+        [(0, 0.5), (1, 1.5), (1, 9.0)]

@@ -1,0 +1,107 @@
+"""What a model registry holds: versions (every gated policy, promoted or refused), the champion, and the events
+that moved it; the one interface every registry kind implements."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, Protocol
+
+Decision = Literal["promoted", "refused"]
+Action = Literal["promoted", "refused", "promote", "rollback"]  # the gate's two, then a person's two
+
+
+class RegistryError(ValueError):
+    """A request the registry cannot carry out as asked (an unknown version, nothing to roll back to)."""
+
+
+class RegistryUnavailable(RuntimeError):
+    """The registry cannot be reached or written; nothing was changed by the call that raised this."""
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One registered policy. ``version`` and ``registered_at`` are assigned by the registry (0 and "" before)."""
+
+    run: str                          # the run that trained it
+    root: str                         # that run's storage.root
+    policy: str                       # URL of its policy folder (the run's final/)
+    policy_version: int               # the learner step of those weights
+    decision: Decision                # the gate's decision when it was registered
+    reason: str                       # the gate's reason, in words
+    metrics: dict[str, float]         # its gate figures (and every eval/<set>/... figure measured)
+    lineage: dict[str, Any]           # parent model, data files (size, sha256), resolved config, code commit
+    compared_with: int | None = None  # the champion version it was evaluated against (None: there was none)
+    champion_metrics: dict[str, float] | None = None  # that champion's figures in the same evaluation
+    version: int = 0
+    registered_at: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "ModelVersion":
+        return cls(**{f.name: doc[f.name] for f in fields(cls) if f.name in doc})
+
+    def summary(self) -> dict[str, Any]:
+        """What `grpo registry show` lists per version: no lineage (``--lineage`` walks that)."""
+        return {k: v for k, v in self.to_json().items() if k not in ("lineage", "champion_metrics")}
+
+
+@dataclass(frozen=True)
+class RegistryEvent:
+    """A change of champion (or a refusal): who, when, why."""
+
+    action: Action
+    version: int                  # the version the event is about
+    champion_before: int | None
+    champion_after: int | None
+    by: str                       # "gate (run NAME)" or "person (USER)"
+    reason: str
+    at: str = field(default_factory=utc_now)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "RegistryEvent":
+        return cls(**{f.name: doc[f.name] for f in fields(cls) if f.name in doc})
+
+
+class ModelRegistry(Protocol):
+    """A registry of one model's versions. Every method raises `RegistryUnavailable` when the store cannot be
+    reached, having changed nothing; `record` and `set_champion` are all-or-nothing."""
+
+    location: str  # where it is, for messages
+
+    def champion(self) -> ModelVersion | None: ...
+
+    def versions(self) -> list[ModelVersion]: ...
+
+    def events(self) -> list[RegistryEvent]: ...
+
+    def record(self, candidate: ModelVersion, event: RegistryEvent) -> ModelVersion:
+        """Register ``candidate`` as a new version; its ``event`` (promoted: the champion moves to it; refused: it
+        does not) is recorded with it. Returns the version with its number and time."""
+        ...
+
+    def set_champion(self, version: int, event: RegistryEvent) -> None:
+        """A person's promotion or rollback: the champion becomes ``version`` (RegistryError: no such version)."""
+        ...
+
+    def lock(self, on_wait: Callable[[str], None] = print) -> AbstractContextManager[None]:
+        """Held while a gate reads the champion, evaluates it and records its decision: one promotion at a time."""
+        ...
+
+
+def version_of(versions: list[ModelVersion], number: int, location: str) -> ModelVersion:
+    for v in versions:
+        if v.version == number:
+            return v
+    known = ", ".join(str(v.version) for v in versions) or "none"
+    raise RegistryError(f"{location} has no version {number} (versions: {known})")
