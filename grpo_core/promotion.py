@@ -55,10 +55,6 @@ class GateOutcome:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    @property
-    def promoted(self) -> bool:
-        return self.outcome == "promoted"
-
 
 def evaluate_policy(cfg: GRPOConfig, run: str, root: str) -> dict[str, float]:
     """A run's final policy on the gate sets, through `grpo eval`'s code (own vLLM engine, same seeds every time)."""

@@ -19,6 +19,12 @@ from tasks.console import artifact_key
 GATE_LOG = f"{LOGS}/gate.log"
 
 
+def _figure(key: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if key.endswith(("/prompts", "/unscored")) else f"{value:.4f}"
+
+
 def gate_markdown(outcome: GateOutcome) -> str:
     """The decision, both sides' figures and the reason, as the Prefect UI shows them."""
     d = outcome.decision or {}
@@ -33,9 +39,8 @@ def gate_markdown(outcome: GateOutcome) -> str:
     if figures:
         lines += ["", "| figure | challenger | champion |", "|---|---|---|"]
         for key in figures:
-            theirs = (outcome.champion or {}).get(key)
-            lines.append(f"| {key} | {outcome.challenger[key]:.4f} | "
-                         f"{'-' if theirs is None else f'{theirs:.4f}'} |")
+            lines.append(f"| {key} | {_figure(key, outcome.challenger[key])} | "
+                         f"{_figure(key, (outcome.champion or {}).get(key))} |")
     if d:
         lines += ["", f"Gate metric `{d['metric']}`: challenger {d['challenger']:.4f}, threshold "
                       f"{d['threshold']:.4f}."]

@@ -230,3 +230,17 @@ def test_a_version_names_what_is_missing(tmp_path):
     assert registry.champion() is None and [v.version for v in registry.versions()] == [1]
     with pytest.raises(RegistryUnavailable, match="registers model 'grpo-policy', not 'other'"):
         open_registry(RegistryConfig(kind="folder", name="other"), str(tmp_path)).versions()
+
+
+def test_the_decision_artifact_shows_both_sides_and_the_guards(tmp_path):
+    from tasks.gate import gate_markdown
+
+    evaluate = _figures({"one": 0.5, "two": 0.3})
+    cfg = _cfg(tmp_path, "folder", "one", guards="{accuracy: 0.5}")
+    run_gate(cfg, _finished_run(cfg), evaluate)
+    cfg = _cfg(tmp_path, "folder", "two", guards="{accuracy: 0.5}")
+    outcome = run_gate(cfg, _finished_run(cfg), evaluate)
+    md = gate_markdown(outcome)
+    assert md.startswith("# Gate: REFUSED\n\nrefused: accuracy 0.3000 against the champion's 0.5000")
+    assert "| eval/default/accuracy | 0.3000 | 0.5000 |" in md and "| eval/default/prompts | 96 | 96 |" in md
+    assert "- registered as version **2**" in md and "guard `accuracy`: 0.3000 against 0.5000" in md
