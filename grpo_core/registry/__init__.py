@@ -23,7 +23,8 @@ def registry_uri(settings: RegistryConfig, root: str) -> str:
         return settings.uri
     folder = posixpath.join(root.rstrip("/"), REGISTRY_FOLDER)
     if settings.kind == "mlflow":
-        return f"sqlite:///{os.path.abspath(os.path.join(folder, MLFLOW_DB))}"
+        local = folder.removeprefix("file://")
+        return f"sqlite:///{os.path.abspath(os.path.join(local, MLFLOW_DB))}"
     return folder
 
 
