@@ -190,6 +190,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 print(f"error: {err}", file=sys.stderr)
                 return 2
             print(f"serving {described}")
+            if args.served_model_name is None:  # clients keep one model id whichever version is champion
+                args.served_model_name = args.name
         _serve(args, model, extra)
     return 0
 
