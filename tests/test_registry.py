@@ -244,3 +244,19 @@ def test_the_decision_artifact_shows_both_sides_and_the_guards(tmp_path):
     assert md.startswith("# Gate: REFUSED\n\nrefused: accuracy 0.3000 against the champion's 0.5000")
     assert "| eval/default/accuracy | 0.3000 | 0.5000 |" in md and "| eval/default/prompts | 96 | 96 |" in md
     assert "- registered as version **2**" in md and "guard `accuracy`: 0.3000 against 0.5000" in md
+
+
+def test_serve_champion_resolves_the_champions_policy_and_serves_it_under_the_models_name(tmp_path, monkeypatch):
+    import grpo_core.cli as cli
+
+    served = []
+    monkeypatch.setattr(cli, "_serve", lambda args, model, extra: served.append((model, args.served_model_name)))
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert grpo(["serve", "--model", "champion", "--root", str(tmp_path), "--kind", "folder"]) == 2
+    assert "has no champion yet" in err.getvalue() and not served
+    cfg = _cfg(tmp_path, "folder", "night")
+    run_gate(cfg, _finished_run(cfg), _figures({"night": 0.5}))
+    with redirect_stdout(io.StringIO()):
+        assert grpo(["serve", "--model", "champion", "--root", str(tmp_path), "--kind", "folder"]) == 0
+    assert served == [(str(tmp_path / "night" / "final"), "grpo-policy")]
