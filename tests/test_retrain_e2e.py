@@ -2,7 +2,10 @@
 run-retrain` shows): night 1 is the first champion, night 2 (a learning rate that collapses the policy) is refused
 against it, night 3 (from the champion, with a new day's data file) is promoted. Each night starts from the
 champion of the moment (model.init_from=champion); the decisions are in gate.json, the Prefect artifact and the
-MLflow registry alike, and the champion's lineage walks back through night 1 to the built model."""
+MLflow registry alike, and the champion's lineage walks back through night 1 to the built model.
+
+The gates run vLLM in this test process (the flow's process): after the in-process-engines group, never before it
+on the same worker, since that group holds the real model's tests and is handed out first (tests/conftest.py)."""
 from __future__ import annotations
 
 import json
