@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import fsspec
+
 from grpo_core.storage import RunStore, StorageError, is_transient_io_error
 
 CHECKPOINTS = "checkpoints"
@@ -99,10 +101,10 @@ class Snapshot:
             self.files[prefix + name] = write
 
 
-def sha256_file(path: str) -> str:
-    """The hex sha256 of a file, read in 4 MiB blocks."""
+def sha256_file(path: str, storage_options: dict | None = None) -> str:
+    """The hex sha256 of a file (a local path or an fsspec URL), read in 4 MiB blocks."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with fsspec.open(path, "rb", **(storage_options or {})) as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, model_validator
 from grpo_core.config_sections import (  # the sections, re-exported: import them from grpo_core.config
     DEFAULT_EVAL_SET,
     VLLM_LORA_RANKS,
+    CHAMPION,
     AlgoConfig,
     AtroposConfig,
     ChatTurn,
@@ -57,7 +58,8 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_EVAL_SET", "VLLM_LORA_RANKS", "AlgoConfig", "ChatTurn", "CheckpointConfig", "ClusterConfig",
            "ConfigError", "DataConfig", "DistillConfig", "EndpointConfig", "EnvConfig", "EvalConfig",
            "EvalDatasetConfig", "GRPOConfig", "GateConfig", "LoggingConfig",
-           "LoraConfig", "LoraTarget", "ModelConfig", "ModelRewardConfig", "RESUME_SAFE_FIELDS", "RegistryConfig", "RewardConfig",
+           "LoraConfig", "LoraTarget", "ModelConfig", "ModelRewardConfig", "RESUME_SAFE_FIELDS", "RegistryConfig",
+           "RewardConfig",
            "RoleResources", "RolloutConfig", "StorageConfig", "TrainConfig", "WeightsConfig", "build_config",
            "check_model_folder", "check_reward_model_folders",
            "expand_run_name", "load_config", "merge_trees", "parse_overrides", "upgrade_stored_config",
@@ -324,7 +326,7 @@ class GRPOConfig(_Section):
         """The gate reads eval sets that exist and figures they measure; the default MLflow registry under a remote
         storage.root needs a tracking server."""
         r = self.registry
-        uses_registry = self.gate is not None or self.model.init_from == "champion"
+        uses_registry = self.gate is not None or self.model.init_from == CHAMPION
         if uses_registry and r.kind == "mlflow" and r.uri is None and "://" in self.storage.root \
                 and not self.storage.root.startswith("file://"):
             raise ValueError(f"registry.kind=mlflow keeps its SQLite store under storage.root, which is remote "
@@ -340,7 +342,7 @@ class GRPOConfig(_Section):
             raise ValueError(f"gate.sets names {unknown}, which are not eval sets: {sorted(sets)}")
         for name in g.sets or list(sets):
             spec = sets[name]
-            measured = ({"accuracy"} if spec.greedy or spec.samples else set()) | {f"pass@{k}" for k in spec.ks}
+            measured = {"accuracy", *(f"pass@{k}" for k in spec.ks)}  # a set measures greedy or samples: accuracy
             missing = [f for f in g.figures if f not in measured]
             if missing:
                 raise ValueError(f"gate reads {missing} of eval set {name!r}, which measures {sorted(measured)} "

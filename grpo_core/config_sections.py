@@ -730,6 +730,7 @@ class LoggingConfig(_Section):
 
 
 REGISTRY_FOLDER = "registry"  # under storage.root: the default home of the model registry
+CHAMPION = "champion"         # model.init_from: the registry's champion
 
 
 class RegistryConfig(_Section):

@@ -16,7 +16,6 @@ Nothing matching (the first run of a schedule, no champion yet) means ``model.pa
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 import subprocess
 from dataclasses import asdict, dataclass
@@ -25,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 
 from grpo_core import checkpoint
+from grpo_core.config_sections import CHAMPION
+from grpo_core.data.files import DATA_FILES
 from grpo_core.runs import FINAL, FINAL_MANIFEST, read_status, run_names
 from grpo_core.storage import RunStore
 
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 INIT_FROM = "init_from.json"
 TEACHER = "teacher.json"
 INPUTS = "lineage_inputs.json"  # the data files' sizes and hashes and the code's commit, at the run's first start
-CHAMPION = "champion"            # model.init_from: the registry's champion
 
 
 class InitFromError(ValueError):
@@ -173,12 +173,8 @@ def code_version() -> dict[str, Any]:
 
 def file_digest(url: str, storage_options: dict | None) -> dict[str, Any]:
     """Size and sha256 of one data file (local or fsspec URL)."""
-    digest, size = hashlib.sha256(), 0
-    with fsspec.open(url, "rb", **(storage_options or {})) as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return {"path": url, "size": size, "sha256": digest.hexdigest()}
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    return {"path": url, "size": int(fs.size(path)), "sha256": checkpoint.sha256_file(url, storage_options)}
 
 
 def record_inputs(store: RunStore, data_files: dict[str, list[str]], storage_options: dict | None) -> dict:
@@ -209,11 +205,9 @@ def parent_of(store: RunStore) -> dict[str, Any]:
 
 def version_lineage(store: RunStore, storage_options: dict | None) -> dict[str, Any]:
     """What a registered version records of where it came from (``grpo registry show --lineage``)."""
-    inputs = store.get_json_file(INPUTS)
-    if not isinstance(inputs, dict):  # a run started before lineage was recorded: its files as they are now
-        files = store.get_json_file("data_files.json") or {}
-        inputs = {"data": [{"role": role, **file_digest(p, storage_options)} for role, paths in files.items()
-                           for p in paths], "code": code_version(), "recorded": "at registration"}
+    # A run started before lineage was recorded gets its record now: its data files as they are now.
+    recorded = store.get_json_file(DATA_FILES) or {}
+    inputs = record_inputs(store, recorded.get("files", {}), storage_options)
     return {"parent": parent_of(store), "data": inputs["data"], "code": inputs["code"],
             "config": store.read_config()}
 
@@ -222,9 +216,7 @@ def walk(versions: "list[ModelVersion]", number: int) -> list[dict[str, Any]]:
     """The chain of models behind registry version ``number``, newest first: each registered version, then the
     first model (a model folder, or a run that was never registered)."""
     by_number = {v.version: v for v in versions}
-    by_run: dict[str, ModelVersion] = {}
-    for v in versions:
-        by_run[v.run] = v  # the newest version of a run
+    by_run = {v.run: v for v in versions}  # the newest version of each run (versions come oldest first)
     chain: list[dict[str, Any]] = []
     current = by_number.get(number)
     seen: set[int] = set()

@@ -22,8 +22,7 @@ from typing import Any, Literal
 from grpo_core import lineage
 from grpo_core.config import GRPOConfig
 from grpo_core.gate import GateDecision, decide, gate_figures
-from grpo_core.registry import (ModelRegistry, ModelVersion, RegistryEvent, RegistryUnavailable, open_registry,
-                                registry_uri)
+from grpo_core.registry import ModelRegistry, ModelVersion, RegistryUnavailable, open_registry, registry_uri
 from grpo_core.registry.records import utc_now
 from grpo_core.storage import RunStore
 
@@ -136,9 +135,7 @@ def _decide_and_record(cfg: GRPOConfig, store: RunStore, registry: ModelRegistry
         reason=reason, metrics={**gate_figures(challenger, sets, gate.figures), **challenger},
         lineage=lineage.version_lineage(store, cfg.storage.options or None),
         compared_with=champion.version if champion else None, champion_metrics=theirs)
-    event = RegistryEvent(action=candidate.decision, version=0, champion_before=None, champion_after=None,
-                          by=f"gate (run {store.run_name}, {user()})", reason=reason)
-    registered = registry.record(candidate, event)
+    registered = registry.record(candidate, by=f"gate (run {store.run_name}, {user()})")
     return GateOutcome(store.run_name, candidate.decision, reason, registry.location, decision.to_json(),
                        registered.version, candidate.compared_with, changed, challenger, theirs, utc_now(), 0.0)
 

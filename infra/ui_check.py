@@ -197,7 +197,7 @@ def check_nightly(api: Api, ui: str, out: Path, timeout_s: float) -> list[str]:
               (after["version"] == gate["version"] if gate["outcome"] == "promoted" else after == before),
               f"the gate's decision ({gate['reason']}) is the registry's (champion now {after['version']})")
         arts = {a["key"]: a for a in api.artifacts(run["id"])}
-        key = f"{name.lower().replace('_', '-').replace('.', '-')}-gate"
+        key = f"{name.lower()}-gate"
         check(key in arts and gate["reason"] in arts[key]["data"], f"the decision artifact {key} holds the reason")
         shots = out / name
         shots.mkdir(parents=True, exist_ok=True)

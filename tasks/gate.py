@@ -50,6 +50,12 @@ def gate_markdown(outcome: GateOutcome) -> str:
     return "\n".join(lines)
 
 
+def _upload_if_written(store: RunStore, log_file: str) -> None:
+    """A remote run folder gets the gate's log once the evaluations wrote it."""
+    if os.path.exists(log_file):
+        store.put_file(GATE_LOG, log_file)
+
+
 @task(name="gate", cache_policy=NONE)
 def gate(cfg: GRPOConfig, store: RunStore) -> GateOutcome:
     """Evaluate the challenger and the champion, decide, register (see grpo_core/promotion.py). The evaluations'
@@ -58,7 +64,7 @@ def gate(cfg: GRPOConfig, store: RunStore) -> GateOutcome:
         log_file = store.local_path(GATE_LOG)
         if log_file is None:
             log_file = os.path.join(stack.enter_context(tempfile.TemporaryDirectory(prefix="grpo-gate-")), "gate.log")
-            stack.callback(lambda: os.path.exists(log_file) and store.put_file(GATE_LOG, log_file))
+            stack.callback(_upload_if_written, store, log_file)
 
         def evaluate(cfg: GRPOConfig, run: str, root: str) -> dict[str, float]:
             if cfg.logging.verbose:

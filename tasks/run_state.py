@@ -77,8 +77,8 @@ class RunInputs:
 @task(name="resolve-inputs", cache_policy=NONE)
 def resolve_inputs(cfg: GRPOConfig, store: RunStore) -> RunInputs:
     """Resolve ``model.init_from``, ``distill.teacher`` and the data folders/globs once per run (recorded in the run
-    folder with the data files' sizes and hashes and the code's commit, reused by resumes); copy a remote starting policy or teacher to ``$GRPO_CACHE_DIR/init_from`` (default
-    ``.cache``)."""
+    folder with the data files' sizes and hashes and the code's commit, reused by resumes); copy a remote starting
+    policy or teacher to ``$GRPO_CACHE_DIR/init_from`` (default ``.cache``)."""
     opts = cfg.storage.options or None
     source, _ = lineage.recorded_or_resolved(store, cfg.model.init_from, cfg.storage.root, opts,
                                              registry=cfg.registry)

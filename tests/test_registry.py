@@ -20,7 +20,7 @@ from grpo_core.cli import main as grpo
 from grpo_core.config import ConfigError, GateConfig, RegistryConfig, load_config
 from grpo_core.gate import decide
 from grpo_core.promotion import GATE, run_gate
-from grpo_core.registry import (ModelVersion, RegistryError, RegistryEvent, RegistryUnavailable, open_registry)
+from grpo_core.registry import ModelVersion, RegistryError, RegistryUnavailable, open_registry
 from grpo_core.storage import RunStore
 
 KINDS = ["mlflow", "folder"]
@@ -224,9 +224,9 @@ def test_init_from_champion_without_one_starts_from_model_path(tmp_path):
 def test_a_version_names_what_is_missing(tmp_path):
     registry = open_registry(RegistryConfig(kind="folder"), str(tmp_path))
     with pytest.raises(RegistryError, match="has no version 4"):
-        registry.set_champion(4, RegistryEvent("promote", 4, None, None, "person (x)", "why"))
+        registry.set_champion(4, "promote", "person (x)", "why")
     version = ModelVersion("r", str(tmp_path), "p", 1, "refused", "no", {}, {})
-    registry.record(version, RegistryEvent("refused", 0, None, None, "gate", "no"))
+    registry.record(version, "gate")
     assert registry.champion() is None and [v.version for v in registry.versions()] == [1]
     with pytest.raises(RegistryUnavailable, match="registers model 'grpo-policy', not 'other'"):
         open_registry(RegistryConfig(kind="folder", name="other"), str(tmp_path)).versions()
@@ -260,3 +260,16 @@ def test_serve_champion_resolves_the_champions_policy_and_serves_it_under_the_mo
     with redirect_stdout(io.StringIO()):
         assert grpo(["serve", "--model", "champion", "--root", str(tmp_path), "--kind", "folder"]) == 0
     assert served == [(str(tmp_path / "night" / "final"), "grpo-policy")]
+
+
+def test_a_run_started_before_lineage_was_recorded_gets_its_record_at_registration(tmp_path):
+    from grpo_core.data.files import recorded_or_resolved
+
+    cfg = _cfg(tmp_path, "folder", "old")
+    store = _finished_run(cfg)
+    store.delete(lineage.INPUTS)
+    recorded_or_resolved(store, {"train": "data/arith/train.jsonl"})
+    run_gate(cfg, store, _figures({"old": 0.5}))
+    data = open_registry(RegistryConfig(kind="folder"), str(tmp_path)).champion().lineage["data"]
+    assert [(d["role"], d["path"], d["size"]) for d in data] == \
+        [("train", "data/arith/train.jsonl", os.path.getsize("data/arith/train.jsonl"))]

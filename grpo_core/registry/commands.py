@@ -10,7 +10,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from grpo_core.config import RegistryConfig
-from grpo_core.registry import ModelRegistry, RegistryError, RegistryEvent, RegistryUnavailable, open_registry
+from grpo_core.registry import ModelRegistry, RegistryError, RegistryUnavailable, open_registry
 
 
 def add_location_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,9 +88,7 @@ def _move(args: argparse.Namespace, action: str) -> dict[str, Any]:
                 raise RegistryError(f"{registry.location}: version {current.version} has no earlier champion to "
                                     "roll back to (give --to VERSION)")
             target = moves[-1].champion_before
-        registry.set_champion(target, RegistryEvent(action=action, version=target, champion_before=None,
-                                                    champion_after=None, by=f"person ({user()})",
-                                                    reason=args.reason))
+        registry.set_champion(target, action, by=f"person ({user()})", reason=args.reason)
         after = registry.champion()
     return {"registry": registry.location, "action": action, "champion_before": current.version if current else None,
             "champion": after.summary() if after else None}

@@ -13,7 +13,8 @@ from dataclasses import replace
 from typing import Any
 
 from grpo_core.registry import lock
-from grpo_core.registry.records import (ModelVersion, RegistryEvent, RegistryUnavailable, utc_now, version_of)
+from grpo_core.registry.records import (Action, ModelVersion, RegistryEvent, RegistryUnavailable, utc_now,
+                                        version_of)
 from grpo_core.storage.files import RunFolder
 
 DOCUMENT = "registry.json"
@@ -57,25 +58,25 @@ class FolderRegistry:
             return None
         return version_of([ModelVersion.from_json(v) for v in doc["versions"]], number, self.location)
 
-    def record(self, candidate: ModelVersion, event: RegistryEvent) -> ModelVersion:
+    def _move(self, doc: dict[str, Any], action: Action, version: int, champion: int | None, by: str,
+              reason: str) -> None:
+        doc["events"].append(RegistryEvent(action, version, doc["champion"], champion, by, reason).to_json())
+        doc["champion"] = champion
+        self._save(doc)
+
+    def record(self, candidate: ModelVersion, by: str) -> ModelVersion:
         doc = self._load()
         number = 1 + max((v["version"] for v in doc["versions"]), default=0)
         registered = replace(candidate, version=number, registered_at=utc_now())
         doc["versions"].append(registered.to_json())
-        champion = number if event.action == "promoted" else doc["champion"]
-        doc["events"].append(replace(event, version=number, champion_before=doc["champion"],
-                                     champion_after=champion).to_json())
-        doc["champion"] = champion
-        self._save(doc)
+        champion = number if candidate.decision == "promoted" else doc["champion"]
+        self._move(doc, candidate.decision, number, champion, by, candidate.reason)
         return registered
 
-    def set_champion(self, version: int, event: RegistryEvent) -> None:
+    def set_champion(self, version: int, action: Action, by: str, reason: str) -> None:
         doc = self._load()
         version_of([ModelVersion.from_json(v) for v in doc["versions"]], version, self.location)
-        doc["events"].append(replace(event, version=version, champion_before=doc["champion"],
-                                     champion_after=version).to_json())
-        doc["champion"] = version
-        self._save(doc)
+        self._move(doc, action, version, version, by, reason)
 
     def lock(self, on_wait: Callable[[str], None] = print) -> AbstractContextManager[None]:
         local = self._folder.uri if self._folder.is_local else None

@@ -20,7 +20,8 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 
 from grpo_core.registry import lock
-from grpo_core.registry.records import (ModelVersion, RegistryEvent, RegistryUnavailable, utc_now, version_of)
+from grpo_core.registry.records import (Action, ModelVersion, RegistryEvent, RegistryUnavailable, utc_now,
+                                        version_of)
 
 CHAMPION = "champion"
 RECORD, STATE, EVENT = "grpo.record", "grpo.state", "grpo.event."
@@ -72,14 +73,16 @@ class MLflowRegistry:
         return self._client.create_registered_model(
             self.name, description="policies trained by grpo-flow; the champion alias is the one to serve")
 
+    @staticmethod
+    def _parsed(mv) -> ModelVersion | None:
+        """Our record of an MLflow model version; None for one written half by a gate that lost the store."""
+        if mv.tags.get(STATE) != RECORDED:
+            return None
+        return ModelVersion.from_json({**json.loads(mv.tags[RECORD]), "version": int(mv.version)})
+
     def _versions(self) -> list[ModelVersion]:
-        out = []
-        for mv in self._client.search_model_versions(f"name='{self.name}'"):
-            if mv.tags.get(STATE) != RECORDED:
-                continue  # written half by a gate that lost the store mid-way: not a version
-            doc = json.loads(mv.tags[RECORD])
-            out.append(ModelVersion.from_json({**doc, "version": int(mv.version)}))
-        return sorted(out, key=lambda v: v.version)
+        parsed = (self._parsed(mv) for mv in self._client.search_model_versions(f"name='{self.name}'"))
+        return sorted((v for v in parsed if v is not None), key=lambda v: v.version)
 
     def versions(self) -> list[ModelVersion]:
         return self._call("listing versions", self._versions)
@@ -96,13 +99,16 @@ class MLflowRegistry:
     def champion(self) -> ModelVersion | None:
         model = self._call("reading the model", self._model)
         number = self._champion_number(model)
-        return None if number is None else version_of(self.versions(), number, self.location)
+        if number is None:
+            return None
+        return self._parsed(self._call("reading the champion", self._client.get_model_version, self.name,
+                                       str(number)))
 
     def _add_event(self, model, event: RegistryEvent) -> None:
         index = 1 + sum(1 for k in model.tags if k.startswith(EVENT))
         self._client.set_registered_model_tag(self.name, f"{EVENT}{index:06d}", json.dumps(event.to_json()))
 
-    def record(self, candidate: ModelVersion, event: RegistryEvent) -> ModelVersion:
+    def record(self, candidate: ModelVersion, by: str) -> ModelVersion:
         model = self._call("reading the model", self._model)
         before = self._champion_number(model)
         registered_at = utc_now()
@@ -111,11 +117,11 @@ class MLflowRegistry:
                         source=candidate.policy, tags={RECORD: json.dumps(doc), STATE: PENDING},
                         description=candidate.reason)
         number = int(mv.version)
-        after = number if event.action == "promoted" else before
+        after = number if candidate.decision == "promoted" else before
         try:
             if after != before:
                 self._client.set_registered_model_alias(self.name, CHAMPION, number)
-            self._add_event(model, replace(event, version=number, champion_before=before, champion_after=after))
+            self._add_event(model, RegistryEvent(candidate.decision, number, before, after, by, candidate.reason))
             self._client.set_model_version_tag(self.name, str(number), STATE, RECORDED)
         except self._errors as err:
             self._undo(number, before, after)
@@ -134,14 +140,14 @@ class MLflowRegistry:
         except self._errors:
             pass  # the store is gone: the version stays "pending", which no reader lists
 
-    def set_champion(self, version: int, event: RegistryEvent) -> None:
+    def set_champion(self, version: int, action: Action, by: str, reason: str) -> None:
         model = self._call("reading the model", self._model)
         version_of(self.versions(), version, self.location)
         before = self._champion_number(model)
         self._call("moving the champion alias", self._client.set_registered_model_alias, self.name, CHAMPION,
                    version)
         self._call("recording the event", self._add_event, model,
-                   replace(event, version=version, champion_before=before, champion_after=version))
+                   RegistryEvent(action, version, before, version, by, reason))
 
     def lock(self, on_wait: Callable[[str], None] = print) -> AbstractContextManager[None]:
         local = os.path.dirname(os.path.abspath(self._local)) if self._local is not None else None

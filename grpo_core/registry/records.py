@@ -85,12 +85,12 @@ class ModelRegistry(Protocol):
 
     def events(self) -> list[RegistryEvent]: ...
 
-    def record(self, candidate: ModelVersion, event: RegistryEvent) -> ModelVersion:
-        """Register ``candidate`` as a new version; its ``event`` (promoted: the champion moves to it; refused: it
-        does not) is recorded with it. Returns the version with its number and time."""
+    def record(self, candidate: ModelVersion, by: str) -> ModelVersion:
+        """Register ``candidate`` as a new version, with the event of its gate's decision (``candidate.decision``:
+        promoted, the champion moves to it; refused, it does not). Returns the version with its number and time."""
         ...
 
-    def set_champion(self, version: int, event: RegistryEvent) -> None:
+    def set_champion(self, version: int, action: Action, by: str, reason: str) -> None:
         """A person's promotion or rollback: the champion becomes ``version`` (RegistryError: no such version)."""
         ...
 
