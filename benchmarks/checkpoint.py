@@ -29,7 +29,7 @@ if str(REPO) not in sys.path:
 
 import iteration as bench_iteration  # noqa: E402  (benchmarks/iteration.py: model builder, env defaults)
 
-TINY = REPO / ".cache/models/tiny"
+TINY = REPO / "models/tiny"
 
 
 def _learner(model_dir: Path, micro: int):
@@ -157,7 +157,7 @@ def main() -> None:
             if shape_name == "tiny":
                 model_dir, shape = TINY, dict(prompts=32, samples=8, new_tokens=16, micro=64)
                 if not (TINY / "config.json").exists():
-                    raise SystemExit("build the tiny model first: make model")
+                    raise SystemExit("models/tiny is missing: git checkout -- models/")
             else:
                 shape = dict(bench_iteration.FULL)
                 model_dir = work / "model-24m"

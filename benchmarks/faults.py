@@ -154,7 +154,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="grpo-faults-"))
     root = work / "runs"
-    model = REPO / ".cache/models/tiny"
+    model = REPO / "models/tiny"
     if not (model / "config.json").exists():
         subprocess.run([sys.executable, "-m", "grpo_core.cli", "model", "tiny", "--out", str(model)], check=True,
                        cwd=REPO)

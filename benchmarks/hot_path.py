@@ -103,7 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["learner", "sampler", "both"], default="both")
     parser.add_argument("--repeats", type=int, default=6)
-    parser.add_argument("--model", default=str(REPO / ".cache/models/tiny"))
+    parser.add_argument("--model", default=str(REPO / "models/tiny"))
     parser.add_argument("--_case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._case:  # one learner per process: DeepSpeed engines of different stages do not share a process well

@@ -1,6 +1,6 @@
 """Model rewards' throughput: rows scored per second by each kind, in this process (what one reward actor does).
 
-Kinds and models: the classifier on the built-in reward model (.cache/models/tiny-rm) and on SmolLM2-135M with a
+Kinds and models: the classifier on the built-in reward model (models/tiny-rm) and on SmolLM2-135M with a
 scalar head (its weights, a random head: throughput only); the vLLM judge on the tiny policy and on SmolLM2; the
 remote judge against `grpo serve` of the tiny policy on a free loopback port. Rows are arithmetic questions with a
 boxed answer; judges answer up to --max-tokens tokens. Load time is printed apart (paid once per run).
@@ -96,7 +96,7 @@ def main() -> None:
     batch = rows(args.rows)
     judge = dict(template="{question}\nProposed answer: {response}\nRate it from {low:g} to {high:g}.",
                  verdict="number", score_range=(0.0, 10000.0), max_tokens=args.max_tokens)
-    tiny, tiny_rm = str(REPO / ".cache/models/tiny"), str(REPO / ".cache/models/tiny-rm")
+    tiny, tiny_rm = str(REPO / "models/tiny"), str(REPO / "models/tiny-rm")
     print(f"# {args.rows} rows, {args.threads} torch threads, judges answer up to {args.max_tokens} tokens")
     results = [timed("classifier tiny-rm", lambda: ClassifierReward(tiny_rm, batch_size=64), batch)]
     with tempfile.TemporaryDirectory() as tmp:

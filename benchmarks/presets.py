@@ -58,12 +58,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="grpo,dapo,dr_grpo")
     parser.add_argument("--target", type=float, default=0.8)
-    parser.add_argument("--model", default=str(REPO / ".cache/models/tiny"))
+    parser.add_argument("--model", default=str(REPO / "models/tiny"))
     parser.add_argument("--root", default=None, help="run folder root (default: a temp dir)")
     parser.add_argument("--set", action="append", default=[], help="extra config overrides for every preset")
     args = parser.parse_args()
     if not (Path(args.model) / "config.json").exists():
-        sys.exit(f"no model at {args.model}: run `make model` (or grpo model tiny --out {args.model}) first")
+        sys.exit(f"no model at {args.model}: restore models/tiny (git checkout -- models/) or build one with "
+                 f"grpo model tiny --out {args.model}")
     root = args.root or tempfile.mkdtemp(prefix="grpo-presets-")
     results = []
     for name in args.presets.split(","):

@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 import iteration as bench_iteration  # noqa: E402  (env defaults, build_model, FULL, TRAIN_PATH)
 from benchmarks.workdir import work_folder  # noqa: E402  (iteration put the repository on sys.path)
 
-TINY = REPO / ".cache/models/tiny"
+TINY = REPO / "models/tiny"
 RUN_NAME = "sync"
 WORKLOAD = {"rollout": {"prompts_per_iteration": 4, "samples_per_prompt": 4, "max_new_tokens": 16},
             "train": {"micro_batch_size": 16}}
@@ -204,7 +204,7 @@ def main() -> None:
                 if shape == "tiny":
                     model_dir = TINY
                     if not (TINY / "config.json").exists():
-                        raise SystemExit("build the tiny model first: make model")
+                        raise SystemExit("models/tiny is missing: git checkout -- models/")
                 elif shape == "24m":
                     model_dir = work / "model-24m"
                     bench_iteration.build_model(model_dir, bench_iteration.FULL, force_length=True)

@@ -35,30 +35,40 @@ def _offline_defaults() -> None:
         os.environ.setdefault("PREFECT_MEMO_STORE_PATH", os.path.join(os.environ["PREFECT_HOME"], "memo_store.toml"))
 
 
+def _built(args: argparse.Namespace, metrics: dict[str, Any]) -> int:
+    """Print a tiny build's metrics and record how the folder was made (BUILD.json: command, seed, commit, digests)."""
+    from grpo_core.model import build_record
+
+    print(json.dumps(metrics, indent=2, default=str))
+    words = ["model", args.model_command]
+    for option in ("out", "policy", "train", "seed"):
+        if getattr(args, option, None) is not None:
+            words += [f"--{option}", str(getattr(args, option))]
+    build_record.write(args.out, words, args.seed)
+    return 0
+
+
 def _cmd_model_tiny(args: argparse.Namespace) -> int:
     from grpo_core.model.tiny import build_tiny
 
     metrics = build_tiny(args.out, train_path=args.train, seed=args.seed, task=args.task)
-    print(json.dumps(metrics, indent=2, default=str))
-    return 0
+    return _built(args, metrics)
 
 
 def _cmd_model_tiny_tools(args: argparse.Namespace) -> int:
     from grpo_core.model.tiny_tools import build_tiny_tools
 
     metrics = build_tiny_tools(args.out, train_path=args.train, seed=args.seed)
-    print(json.dumps(metrics, indent=2, default=str))
-    return 0
+    return _built(args, metrics)
 
 
 def _cmd_model_tiny_rm(args: argparse.Namespace) -> int:
     from grpo_core.model.tiny_rm import build_tiny_rm
 
     if not (Path(args.policy) / "config.json").is_file():
-        raise SystemExit(f"--policy {args.policy}: no tiny policy there; build it first with `make model`")
+        raise SystemExit(f"--policy {args.policy}: no tiny policy there (models/tiny ships with the project)")
     metrics = build_tiny_rm(args.out, policy_path=args.policy, train_path=args.train, seed=args.seed)
-    print(json.dumps(metrics, indent=2, default=str))
-    return 0
+    return _built(args, metrics)
 
 
 def _cmd_model_import(args: argparse.Namespace) -> int:
@@ -338,7 +348,7 @@ def _add_model_commands(sub: Any) -> None:
     t = msub.add_parser("tiny-rm", help="build the CPU demo reward model: the tiny policy's backbone with a scalar "
                                         "head, trained on (true sum, near miss) preference pairs")
     t.add_argument("--out", required=True)
-    t.add_argument("--policy", default=".cache/models/tiny", help="the tiny policy folder it starts from")
+    t.add_argument("--policy", default="models/tiny", help="the tiny policy folder it starts from")
     t.add_argument("--train", default="data/arith/train.jsonl")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=_cmd_model_tiny_rm)

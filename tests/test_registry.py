@@ -117,7 +117,7 @@ def test_three_rounds_promote_refuse_promote_and_the_lineage_walks_back(tmp_path
 
     walked = _show(tmp_path, "show", "--kind", kind, "--lineage", "3")["lineage"]
     assert [link.get("version") for link in walked] == [3, 1, None]
-    assert walked[-1] == {"model": ".cache/models/tiny"}
+    assert walked[-1] == {"model": "models/tiny"}
     assert walked[0]["parent"]["kind"] == "registry" and walked[0]["parent"]["registry_version"] == 1
     assert [d["path"] for d in walked[0]["data"]] == ["data/arith/eval.jsonl"]
     assert [d["path"] for d in walked[1]["data"]] == ["data/arith/train.jsonl"]

@@ -5,7 +5,7 @@ protocol: it registers with the API server, samples each group through the polic
 itself and sends the scored groups to the API server.
 
     .venv-envs/bin/python examples/atropos/arith_env.py serve \\
-        --env.tokenizer_name .cache/models/tiny --env.rollout_server_url http://127.0.0.1:8000 \\
+        --env.tokenizer_name models/tiny --env.rollout_server_url http://127.0.0.1:8000 \\
         --env.group_size 8 --openai.base_url http://127.0.0.1:<endpoint port>/v1   # token: $OPENAI_API_KEY
 
 The data are local (``data/arith/train.jsonl`` by default: no hub); the reward is 1 when the last ``\\boxed{}`` of the
@@ -47,7 +47,7 @@ class ArithEnv(BaseEnv):
 
     @classmethod
     def config_init(cls) -> tuple[ArithEnvConfig, list[APIServerConfig]]:
-        env = ArithEnvConfig(tokenizer_name=".cache/models/tiny", group_size=8, use_wandb=False,
+        env = ArithEnvConfig(tokenizer_name="models/tiny", group_size=8, use_wandb=False,
                              wandb_name="arith", total_steps=-1, max_batches_offpolicy=32, max_num_workers=8,
                              steps_per_eval=10**9, max_token_length=112)
         server = APIServerConfig(model_name="policy", base_url="http://127.0.0.1:8001/v1",

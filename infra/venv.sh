@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Creates a virtual environment from a lock file, exactly its pins, no resolution (--no-deps).
+#   infra/venv.sh VENV LOCK PYTHON [--editable]
+# With uv (on PATH, or installed from PyPI into .cache/tools on first use: about 5 s) the ~280 wheels of the main lock
+# install in about 15 s from a cold cache; where uv cannot be had, pip does the same in about 3 minutes. Pip's own
+# settings that uv does not read (PIP_FIND_LINKS, PIP_INDEX_URL, PIP_EXTRA_INDEX_URL) are passed on to it, so both
+# install the same files. Prints one line before and one after; the installers' output goes to VENV/install.log.
+set -euo pipefail
+venv=$1 lock=$2 python=$3 editable=${4:-}
+root=$(cd "$(dirname "$0")/.." && pwd)
+tools=$root/.cache/tools
+log=$venv/install.log
+
+find_uv() {
+    if [[ ${GRPO_INSTALLER:-uv} == pip ]]; then return 1; fi
+    if command -v uv >/dev/null 2>&1; then command -v uv; return; fi
+    if [[ ! -x $tools/bin/uv ]]; then
+        "$python" -m pip install --quiet --disable-pip-version-check --target "$tools" uv >/dev/null 2>&1 || return 1
+    fi
+    echo "$tools/bin/uv"
+}
+
+start=$(date +%s)
+count=$(grep -cE '^[A-Za-z0-9]' "$lock")
+if uv=$(find_uv); then
+    echo "==> $venv: $count packages from $lock with uv (about 20 s; log: $log)"
+    uv_args=()
+    for link in ${PIP_FIND_LINKS:-}; do uv_args+=(--find-links "$link"); done
+    [[ -n ${PIP_INDEX_URL:-} ]] && uv_args+=(--default-index "$PIP_INDEX_URL")
+    for index in ${PIP_EXTRA_INDEX_URL:-}; do uv_args+=(--index "$index"); done
+    [[ -x $venv/bin/python ]] || "$uv" venv --quiet --python "$python" "$venv"
+    mkdir -p "$venv"
+    export UV_LINK_MODE=${UV_LINK_MODE:-copy}  # the cache may be on another file system
+    "$uv" pip install --python "$venv/bin/python" --no-deps "${uv_args[@]}" -r "$lock" >"$log" 2>&1 \
+        || { tail -20 "$log" >&2; exit 1; }
+    if [[ $editable == --editable ]]; then
+        "$uv" pip install --python "$venv/bin/python" --no-deps --no-build-isolation -e "$root" >>"$log" 2>&1 \
+            || { tail -20 "$log" >&2; exit 1; }
+    fi
+else
+    echo "==> $venv: $count packages from $lock with pip (uv not available; about 3 minutes; log: $log)"
+    [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
+    "$venv/bin/pip" install --no-deps -r "$lock" >"$log" 2>&1 || { tail -20 "$log" >&2; exit 1; }
+    if [[ $editable == --editable ]]; then
+        "$venv/bin/pip" install --no-deps --no-build-isolation -e "$root" >>"$log" 2>&1 \
+            || { tail -20 "$log" >&2; exit 1; }
+    fi
+fi
+echo "==> $venv ready in $(( $(date +%s) - start )) s"
