@@ -89,6 +89,7 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, inputs: 
     from transformers import AutoTokenizer
 
     from grpo_core.data.files import merged, read_prompt_files
+    from grpo_core.data.precheck import check_lengths
 
     d, files = cfg.data, inputs.data_files
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
@@ -100,7 +101,10 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, inputs: 
                                   [t.model_dump() for t in d.few_shot])
     read = dict(format=d.format, prompt_key=d.prompt_key, answer_key=d.answer_key, on_bad_row=d.on_bad_row,
                 storage_options=cfg.storage.options or None)
-    train_parts = read_prompt_files(files["train"], **read)
+    limit = cfg.sft.max_tokens if cfg.sft is not None else d.max_prompt_tokens
+    # every row's length checked now, with data.on_bad_row, not when a batch first draws the row
+    train_parts = [check_lengths(part, encoder, limit, d.on_bad_row)
+                   for part in read_prompt_files(files["train"], **read)]
     train_set = merged(train_parts)
     rounds = 1 + (cfg.algo.max_resample_times if cfg.algo.filter_groups else 0)
     pool = dict(pool_skips=(d.pool_easy_skips, d.pool_hard_skips),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from grpo_core.config_sections import (  # the sections, re-exported: import them from grpo_core.config
     DEFAULT_EVAL_SET,
@@ -48,6 +48,7 @@ from grpo_core.config_sections import (  # the sections, re-exported: import the
     zero_stage_for,
 )
 from grpo_core.placements import Placement, placement_of
+from grpo_core.run_names import MAX_RUN_NAME, RUN_NAME_ALPHABET, run_name_problem
 from grpo_core.transport_kinds import transport_kind
 
 if TYPE_CHECKING:
@@ -73,16 +74,21 @@ def expand_run_name(template: str, now: "datetime") -> str:
     if "{" not in template:
         return template
     try:
-        return template.format(date=now.strftime("%Y%m%d"), time=now.strftime("%H%M%S"))
-    except (KeyError, IndexError, ValueError) as err:
+        name = template.format(date=now.strftime("%Y%m%d"), time=now.strftime("%H%M%S"))
+    except (KeyError, IndexError, ValueError, AttributeError) as err:
         raise ConfigError(f"run_name={template!r}: a template may use {{date}} and {{time}} only ({err!r})") from None
+    problem = run_name_problem(name)
+    if problem is not None:
+        raise ConfigError(f"run_name={template!r} gives {name!r} once {{date}} and {{time}} are filled: {problem}")
+    return name
 
 
 class GRPOConfig(_Section):
-    run_name: str = Field(default="tiny", pattern=r"^[A-Za-z0-9._-]+$",
-                          description="the run folder under storage.root; a template may use {date} and {time}")
-    seed: int = Field(default=0, description="seeds the prompt order, every group's sampling and the learner: the "
-                                             "same seed and config give the same run")
+    run_name: str = Field(default="tiny", max_length=MAX_RUN_NAME,
+                          description=f"the run folder under storage.root: {RUN_NAME_ALPHABET}, at most "
+                                      f"{MAX_RUN_NAME} characters; a template may use {{date}} and {{time}}")
+    seed: int = Field(default=0, ge=0, lt=2**63, description="seeds the prompt order, every group's sampling and the "
+                                                             "learner: the same seed and config give the same run")
     iterations: int = Field(default=10, ge=1, description="rollout -> score -> train -> sync rounds; raising it on "
                                                           "resume extends a finished run")
     model: ModelConfig = Field(description="the policy: its folder, dtype, LoRA")
@@ -122,6 +128,15 @@ class GRPOConfig(_Section):
     gate: GateConfig | None = Field(
         default=None, description="the eval gate after training: promote the final policy to champion only if it "
                                   "beats the registry's champion on the gate sets (None: no gate, nothing registered)")
+
+    @field_validator("run_name")
+    @classmethod
+    def _safe_run_name(cls, name: str) -> str:
+        """One folder name under storage.root (``grpo_core.run_names``); a template is checked once filled."""
+        problem = run_name_problem(name)
+        if problem is not None:
+            raise ValueError(f"run_name={name!r}: {problem}")
+        return name
 
     # Derived batch arithmetic: computed here once, never re-derived elsewhere.
     @property
@@ -310,6 +325,9 @@ class GRPOConfig(_Section):
         if self.atropos is not None and self.algo.filter_groups:
             raise ValueError("atropos is set with algo.filter_groups: dynamic sampling resamples prompts the run "
                              "does not choose here (an Atropos environment filters its own groups); turn it off")
+        if self.endpoint is not None and self.algo.filter_groups:
+            raise ValueError("endpoint is set with algo.filter_groups: dynamic sampling takes no inbox, so the "
+                             "episodes finished through the endpoint would never be trained on; turn it off")
         self._check_gate()
         if self.data.eval_path and self.eval.datasets:
             raise ValueError(f"data.eval_path ({self.data.eval_path}) and eval.datasets are both set: list the "
@@ -428,7 +446,8 @@ RESUME_SAFE_FIELDS = ("iterations", "checkpoint", "storage", "logging", "cluster
                       "reward.dedupe", "weights.check_samples", "weights.check_every", "weights.check_tolerance",
                       "endpoint.host", "endpoint.port", "endpoint.token_env", "endpoint.wait_s",
                       "endpoint.max_open_episodes", "endpoint.clients", "endpoint.client_restarts",
-                      "endpoint.groups_wait_s", "atropos.api_url", "atropos.api_command", "atropos.api_port",
+                      "endpoint.groups_wait_s", "endpoint.max_body_mb", "atropos.api_url", "atropos.api_command",
+                      "atropos.api_port",
                       "atropos.envs", "atropos.env_restarts", "atropos.wait_s", "atropos.api_timeout_s",
                       "distill.replicas", "distill.batch_size", "registry", "gate")
 
@@ -457,6 +476,25 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+# Fields whose value is always text: an override's value is taken as typed unless YAML reads it as a string (a
+# run-name template such as ``{date}`` or ``{date}-x`` would otherwise read as a YAML mapping, or not parse).
+TEXT_OVERRIDES = ("run_name",)
+
+
+def _override_value(key: str, raw: str) -> Any:
+    """The value of ``--set key=raw``: a YAML scalar or list, or the text itself for a text field."""
+    if not raw.strip():
+        return ""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        if key in TEXT_OVERRIDES:
+            return raw
+        raise ConfigError(f"--set {key}={raw}: the value is not valid YAML ({str(err).splitlines()[0]}); quote "
+                          "it") from None
+    return raw if key in TEXT_OVERRIDES and not isinstance(value, str) else value
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """`["rollout.temperature=0.7", ...]` -> nested dict; values parsed as YAML scalars/lists."""
     tree: dict[str, Any] = {}
@@ -464,7 +502,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         if "=" not in pair:
             raise ConfigError(f"--set {pair!r}: expected key=value")
         key, raw = pair.split("=", 1)
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+        _set_dotted(tree, key.strip(), _override_value(key.strip(), raw))
     return tree
 
 

@@ -7,13 +7,17 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from grpo_core.placements import PLACEMENTS
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """A config section: unknown keys refused, assignments validated, and no float anywhere in it (a field, a tuple's,
+    list's or dict's entry) may be NaN or infinite: every float of a run's config is a finite quantity (a rate, a
+    weight, a bound, seconds), and NaN passes every ``ge``/``le`` bound unnoticed."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 # The linear layers of a decoder block (Qwen2, Llama, Mistral names) that vLLM 0.32 serves LoRA adapters on.
@@ -86,7 +90,9 @@ def _check_few_shot(turns: list[ChatTurn], field: str) -> None:
 class DataConfig(_Section):
     train_path: str = Field(description="a file (.jsonl, .parquet), a save_to_disk folder, a folder of such files "
                             "or a glob; folders and globs take the files present when the run starts "
-                            "(recorded in data_files.json, which a resume reuses)")
+                            "(recorded in data_files.json, which a resume reuses); required by every run: a run "
+                            "whose groups all come from outside (atropos, endpoint.clients) reads and checks it at "
+                            "the start but samples nothing from it")
     eval_path: str | None = Field(default=None, description="same forms as train_path")
     format: Literal["math", "code", "chat"] = Field(
         default="math", description="math: a prompt and a gold answer per row; code: a prompt and test_cases "
@@ -106,7 +112,10 @@ class DataConfig(_Section):
                                           "learns the answer format it is rewarded for")
     max_prompt_tokens: int = Field(default=512, ge=8, description="the longest prompt in tokens (system prompt and "
                                    "worked examples included); a longer one is an error naming its row (or skipped "
-                                   "with on_bad_row: skip)")
+                                   "with on_bad_row: skip), found for every train row when the run starts; "
+                                   "data.max_prompt_tokens + rollout.max_new_tokens is the policy's context (the "
+                                   "samplers' max_model_len and the policy endpoint's: a call's prompt must leave one "
+                                   "token of it for the answer)")
     shuffle: bool = Field(default=True, description="each pass over the train set in a fresh order seeded by (seed, "
                                                     "pass); false: file order")
     sampler: Literal["epoch", "difficulty_pool"] = Field(
@@ -136,7 +145,8 @@ class SFTConfig(_Section):
     conversations_per_iteration: int = Field(default=16, ge=1, description="the batch: conversations per "
                                              "iteration (train.mini_batch_size splits it into optimizer steps)")
     max_tokens: int = Field(default=1024, ge=8, description="the longest conversation in tokens (system prompt "
-                            "included); a longer one is an error naming its file and row")
+                            "included); a longer one is an error naming its file and row (or skipped with "
+                            "data.on_bad_row: skip), found for every row when the run starts")
 
 
 class DistillConfig(_Section):
@@ -230,25 +240,38 @@ class EndpointConfig(_Section):
                                        "a random token, written to endpoint.json (readable by its owner only)")
     wait_s: float = Field(default=30.0, gt=0.0, description="how long a call waits for a weight update to end "
                                                            "before it is refused (503, Retry-After)")
-    max_open_episodes: int = Field(default=4096, ge=1, description="episodes in progress at once")
+    max_open_episodes: int = Field(default=4096, ge=1, description="episodes in progress at once (one more is "
+                                                                   "refused: 429 too_many_episodes); an episode "
+                                                                   "neither finished nor discarded stays open until "
+                                                                   "the run ends")
     clients: list[list[str]] = Field(
         default_factory=list, description="commands of programs the run starts once the endpoint serves, and starts "
                                           "again when one exits (an OpenEnv environment's driver, an agent): with "
                                           "clients, every group comes from their finished episodes. Placeholders "
-                                          "{endpoint_url}, {model_name}, {model_path}, {group_size}, {run_dir}, "
-                                          "{log_dir}; the token reaches them as $OPENAI_API_KEY")
+                                          "{endpoint_url} (ending in /v1), {model_name} (the run's name, the model "
+                                          "to send), {model_path}, {group_size}, {run_dir}, {log_dir}; the token "
+                                          "reaches them as $OPENAI_API_KEY")
     client_restarts: int = Field(default=3, ge=0, description="times each client is started again after it exits, "
                                                               "before the run fails")
     groups_wait_s: float = Field(default=600.0, gt=0.0, description="with clients: how long an iteration waits "
                                                                      "for a new finished group before the run fails")
+    max_abs_reward: float = Field(default=1e6, gt=0.0, le=1e30,
+                                  description="|reward| an episode may finish with (and an Atropos group's scores "
+                                              "may have); beyond it the call is refused (400, param reward), not "
+                                              "clipped: rewards are O(1)-O(10), and a group's statistics stay far "
+                                              "inside float32 below 1e6")
+    max_body_mb: float = Field(default=8.0, gt=0.0, le=1024.0,
+                               description="a request body larger than this is refused (413) before it is read (a "
+                                           "128k-token context sent as token ids is about 1 MB)")
 
 
 class AtroposConfig(_Section):
     """The run as an Atropos trainer (grpo_core/atropos/): atroposlib's API server (started by the run, or joined)
     and the environments' processes sample through the policy endpoint and send scored groups; every group the run
-    trains on is pulled from the API's ``/batch``. Commands may use {api_url}, {api_port}, {endpoint_url},
-    {model_path}, {group_size}, {run_dir} (the run folder, local runs) and {log_dir}; the endpoint's token reaches
-    them as $OPENAI_API_KEY, never on a command line."""
+    trains on is pulled from the API's ``/batch``. Commands may use {api_url}, {api_port}, {endpoint_url} (the
+    endpoint's base URL, ending in /v1), {model_name} (the run's name: the model clients send), {model_path},
+    {group_size}, {run_dir} (the run folder, local runs) and {log_dir}; the endpoint's token reaches them as
+    $OPENAI_API_KEY, never on a command line."""
 
     api_url: str | None = Field(default=None, description="an Atropos API server to join (None: the run starts "
                                                           "api_command and stops it at the end)")
@@ -500,7 +523,9 @@ class AlgoConfig(_Section):
     max_resample_times: int = Field(
         default=0, ge=0, description="extra sampling rounds to fill a filtered batch (at most 1 + this many)")
     overlong_filter: bool = Field(default=False, description="mask truncated responses out of the loss")
-    soft_overlong: bool = Field(default=False, description="DAPO soft overlong punishment added to the reward")
+    soft_overlong: bool = Field(default=False, description="DAPO soft overlong punishment added to the reward "
+                                                           "(outside groups' too, by response_length: every token "
+                                                           "after the prompt)")
     soft_overlong_cache_length: int = Field(
         default=0, ge=0, description="tokens before max_new_tokens where the penalty ramps; 0: max_new_tokens // 5")
     soft_overlong_penalty: float = Field(default=1.0, ge=0.0, description="penalty at and beyond max_new_tokens")
@@ -545,8 +570,9 @@ class AlgoConfig(_Section):
 
 class TrainConfig(_Section):
     lr: float = Field(default=1e-5, gt=0.0, le=1.0, description="peak learning rate (AdamW)")
-    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW's decoupled weight decay")
-    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW's (beta1, beta2)")
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="AdamW's decoupled weight decay (each "
+                                "step scales the weights by 1 - lr x weight_decay)")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW's (beta1, beta2), each in [0, 1)")
     warmup_steps: int = Field(default=0, ge=0, description="optimizer steps of linear warm-up up to lr")
     lr_schedule: Literal["constant", "cosine", "linear"] = Field(
         default="constant", description="after warm-up: constant, or cosine / linear decay to 0 over the run's "
@@ -595,6 +621,14 @@ class TrainConfig(_Section):
                                    "(transformers' gradient checkpointing): less memory for longer sequences or "
                                    "larger micro-batches, about a third more compute")
 
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        """Each beta is a moving average's decay: 1 or more would never forget (or grow without bound)."""
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"AdamW's betas are each in [0, 1), got {betas}")
+        return betas
+
 
 def zero_stage_for(train: TrainConfig, ranks: int, dtype: str = "float32") -> int:
     """The ZeRO stage the learner runs with `ranks` data-parallel ranks: ``train.zero_stage``, or for "auto" 2 with
@@ -614,9 +648,18 @@ class RoleResources(_Section):
     num_cpus: float = Field(default=1.0, gt=0.0, description="Ray CPUs reserved (fractions allowed)")
     num_gpus: float = Field(default=0.0, ge=0.0, description="GPUs reserved (fractions share one GPU)")
     resources: dict[str, float] = Field(
-        default_factory=dict, description="custom Ray resources, e.g. {sampler_node: 0.01} to pin to such nodes")
+        default_factory=dict, description="custom Ray resources, e.g. {sampler_node: 0.01} to pin to such nodes; "
+                                          "amounts >= 0")
     torch_threads: int | None = Field(default=None, ge=1, description="threads inside the actor (default: all "
                                                                       "cores of its node)")
+
+    @field_validator("resources")
+    @classmethod
+    def _amounts(cls, resources: dict[str, float]) -> dict[str, float]:
+        negative = {k: v for k, v in resources.items() if v < 0}
+        if negative:
+            raise ValueError(f"custom resources are amounts >= 0, got {negative}")
+        return resources
 
 
 class ClusterConfig(_Section):
@@ -688,10 +731,11 @@ class StorageConfig(_Section):
     root: str = Field(default="runs", description="local folder or s3://bucket/prefix")
     options: dict[str, Any] = Field(default_factory=dict, description="fsspec options, e.g. client_kwargs")
     retries: int = Field(
-        default=5, ge=0, description="Prefect retries of a stage whose run-folder I/O failed transiently "
-                                     "(connection refused, timeout, object-store error)")
+        default=5, ge=0, le=20, description="Prefect retries of a stage whose run-folder I/O failed transiently "
+                                            "(connection refused, timeout, object-store error)")
     retry_delay_s: float = Field(
-        default=1.0, ge=0.0, description="delay before the first retry; doubles each time (1, 2, 4, 8, 16 s)")
+        default=1.0, ge=0.0, le=600.0, description="delay before the first retry; doubles each time (1, 2, 4, 8, "
+                                                   "16 s)")
 
     @property
     def retry_delays(self) -> list[float]:
@@ -768,7 +812,7 @@ class GateConfig(_Section):
                           description="the challenger must beat the champion by at least this much on metric")
     guards: dict[str, float] = Field(
         default_factory=dict, description="other figures (accuracy, pass@k) the challenger may lose by at most the "
-                                          "given tolerance, e.g. {pass@8: 0.05}")
+                                          "given tolerance in [0, 1], e.g. {pass@8: 0.05}")
     min_value: float = Field(default=0.0, ge=0.0, le=1.0,
                              description="the first champion (no champion yet) needs metric >= this")
 
@@ -777,9 +821,9 @@ class GateConfig(_Section):
         bad = [k for k in self.guards if not re.fullmatch(r"accuracy|pass@[0-9]+", k)]
         if bad:
             raise ValueError(f"gate.guards names {bad}: a guard is accuracy or pass@k")
-        negative = {k: v for k, v in self.guards.items() if v < 0}
-        if negative:
-            raise ValueError(f"gate.guards tolerances must be >= 0, got {negative}")
+        out_of_range = {k: v for k, v in self.guards.items() if not 0.0 <= v <= 1.0}
+        if out_of_range:
+            raise ValueError(f"gate.guards tolerances are in [0, 1] (accuracy and pass@k are), got {out_of_range}")
         if self.sets is not None and (not self.sets or len(set(self.sets)) != len(self.sets)):
             raise ValueError(f"gate.sets must name at least one set, each once: {self.sets}")
         return self

@@ -78,7 +78,9 @@ def run_gate(cfg: GRPOConfig, store: RunStore, evaluate: Evaluate = evaluate_pol
         seen = registry.champion()
         challenger = _challenger_figures(cfg, store, evaluate, log)
         with registry.lock(on_wait=log):
-            outcome = _decide_and_record(cfg, store, registry, seen, challenger, evaluate, log)
+            earlier = _recorded_earlier(registry, store)
+            outcome = (_outcome_of(earlier, store, registry, challenger) if earlier is not None else
+                       _decide_and_record(cfg, store, registry, seen, challenger, evaluate, log))
     except RegistryUnavailable as err:
         kept = store.get_json_file(CHALLENGER_FIGURES) or {}
         outcome = GateOutcome(store.run_name, "registry_unavailable", f"not promoted: registry unavailable ({err})",
@@ -138,6 +140,21 @@ def _decide_and_record(cfg: GRPOConfig, store: RunStore, registry: ModelRegistry
     registered = registry.record(candidate, by=f"gate (run {store.run_name}, {user()})")
     return GateOutcome(store.run_name, candidate.decision, reason, registry.location, decision.to_json(),
                        registered.version, candidate.compared_with, changed, challenger, theirs, utc_now(), 0.0)
+
+
+def _recorded_earlier(registry: ModelRegistry, store: RunStore) -> ModelVersion | None:
+    """The version an earlier attempt of this gate registered for this run's policy, if its commit landed: a store
+    lost right after the commit ends that attempt ``registry_unavailable``, and the retry must not register the
+    same policy twice."""
+    policy = store.url("final")
+    return next((v for v in registry.versions() if v.run == store.run_name and v.policy == policy), None)
+
+
+def _outcome_of(version: ModelVersion, store: RunStore, registry: ModelRegistry,
+                challenger: dict[str, float]) -> GateOutcome:
+    reason = f"{version.reason}; recorded as version {version.version} by an earlier attempt of this gate"
+    return GateOutcome(store.run_name, version.decision, reason, registry.location, None, version.version,
+                       version.compared_with, None, challenger, version.champion_metrics, utc_now(), 0.0)
 
 
 def _named(v: ModelVersion | None) -> str:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_core.child_process import die_with_parent as _set_death_signal
+from grpo_core.storage.private_file import write_private
 
 HOST = "127.0.0.1"
 # weed mini's plugin worker dials the admin gRPC port at admin.port + 10000 whatever
@@ -118,8 +119,7 @@ def write_identities(path: Path, key: str, secret: str) -> None:
             }
         ]
     }
-    path.write_text(json.dumps(config, indent=2))
-    path.chmod(0o600)
+    write_private(path, json.dumps(config, indent=2).encode())  # 0600 from its first byte
 
 
 def read_identities(path: Path) -> tuple[str, str] | None:

@@ -10,6 +10,7 @@ from typing import Iterator
 
 from grpo_core.cluster.fleet_policy import FleetPolicy
 from grpo_core.endpoint.groups import EpisodeGroups
+from grpo_core.endpoint.owner_file import write_owner_only
 from grpo_core.endpoint.recorder import EpisodeRecorder
 from grpo_core.endpoint.server import EndpointServer, EndpointSettings, PolicyEndpoint
 from tasks.context import RunContext
@@ -27,17 +28,15 @@ def open_endpoint(ctx: RunContext) -> EndpointServer:
     token = given or secrets.token_urlsafe(24)
     settings = EndpointSettings(model_name=cfg.run_name, max_tokens=cfg.rollout.max_new_tokens,
                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, token=token,
-                                wait_s=e.wait_s)
+                                wait_s=e.wait_s, max_abs_reward=e.max_abs_reward,
+                                max_body_bytes=int(e.max_body_mb * 2**20))
     recorder = EpisodeRecorder(AutoTokenizer.from_pretrained(cfg.model.path), max_open=e.max_open_episodes)
     groups = EpisodeGroups(ctx.store, cfg.rollout.samples_per_prompt)
     policy = FleetPolicy(ctx.engines, cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens)
     server = EndpointServer(PolicyEndpoint(policy, recorder, settings, sink=groups), e.host, e.port).start()
     doc = {"url": server.url, "model": cfg.run_name, "token_env": e.token_env,
            "token": None if given else token, "group_size": cfg.rollout.samples_per_prompt}
-    ctx.store.put_bytes(ENDPOINT_FILE, json.dumps(doc, indent=1).encode())
-    local = ctx.store.local_path(ENDPOINT_FILE)
-    if local is not None:
-        os.chmod(local, 0o600)
+    write_owner_only(ctx.store, ENDPOINT_FILE, json.dumps(doc, indent=1).encode())  # 0600 from its first byte
     print(f"policy endpoint on {server.url} (OpenAI API; token in {ctx.store.url(ENDPOINT_FILE)} or "
           f"${e.token_env}); finished episodes go to the inbox in groups of {cfg.rollout.samples_per_prompt}")
     return server
@@ -62,7 +61,11 @@ def close_endpoint(server: EndpointServer) -> None:
     server.stop()
     left = endpoint.sink.incomplete() if endpoint.sink is not None else {}
     stats = endpoint.recorder.stats
+    still_open = endpoint.recorder.open_episodes()  # a client that died mid-episode: never finished nor discarded
+    shown = ", ".join(still_open[:20]) + (f" and {len(still_open) - 20} more" if len(still_open) > 20 else "")
     print(f"policy endpoint closed: {stats.calls} calls, {stats.later_turns} later turns of episodes "
           f"({stats.retokenized_differs} whose text, rendered again, would have given other tokens); "
           f"{stats.discarded} episode(s) discarded by their clients; "
+          + (f"{len(still_open)} episode(s) left open by their clients, not trained on: {shown}; " if still_open
+             else "no episode left open; ")
           + (f"groups left short of their episodes, not trained on: {left}" if left else "no group left short"))

@@ -106,7 +106,8 @@ def _open_atropos(ctx: RunContext, first_iteration: int) -> AtroposSource:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     source = AtroposSource(
         client=AtroposClient(api_url), registration=registration,
-        limits=GroupLimits(groups, AutoConfig.from_pretrained(cfg.model.path).vocab_size),
+        limits=GroupLimits(groups, AutoConfig.from_pretrained(cfg.model.path).vocab_size,
+                           max_abs_score=cfg.endpoint.max_abs_reward),
         ledger=ctx.endpoint.endpoint.ledger, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
         api=api, envs=Supervisor(envs, a.env_restarts), wait_s=a.wait_s, api_timeout_s=a.api_timeout_s)
     source.start()

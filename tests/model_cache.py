@@ -1,12 +1,12 @@
-"""Models the tests build, built once per machine and reused until an input of the build changes.
+"""Models the tests import, made once per machine and reused until an input of the import changes.
 
-`make test` and `make test-e2e` are two pytest processes (CI runs both in one clone); each used to build the tiny
-policy again (minutes on 2 cores). A build is kept under ``.cache/test-models/<name>-<key>/``, where the key hashes
-every input that can change its bytes: the source of the builder's module and of every project module it imports
-(read from the code, so an edited warm-up rebuilds), the data files it reads, and the versions of torch and
-transformers. The same machine is assumed: a build is float-sensitive across CPU kinds, and the cache is not
-shared. A folder is published by an atomic rename after ``BUILT`` is written in it, so an interrupted build is never
-reused; a file lock per build makes parallel test workers wait for one build.
+The tiny models ship as files (models/); what is still made on the machine is SmolLM2-135M-Instruct, imported from
+its wheel's GGUF file (about 2 minutes). `make test` and `make test-e2e` are two pytest processes (CI runs both in
+one clone); each would import it again. An import is kept under ``.cache/test-models/<name>-<key>/``, where the key
+hashes every input that can change its bytes: the source of the builder's module and of every project module it
+imports (read from the code, so an edited importer rebuilds), the files it reads, and the versions of torch and
+transformers. A folder is published by an atomic rename after ``BUILT`` is written in it, so an interrupted build is
+never reused; a file lock per build makes parallel test workers wait for one build.
 
 ``GRPO_TEST_MODEL_CACHE=0`` builds into the session's temporary folder instead (nothing kept).
 """

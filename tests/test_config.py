@@ -133,6 +133,8 @@ def test_an_atropos_trainer_needs_the_endpoint_no_dynamic_sampling_and_somewhere
                            reward={"rewards": ["accuracy"]}))
     with pytest.raises(ConfigError, match=r"atropos\b.*nothing could send it groups"):
         build_config(_tree(**asynch, endpoint={}, atropos={}))
+    with pytest.raises(ConfigError, match=r"endpoint is set with algo.filter_groups: dynamic sampling takes no inbox"):
+        build_config(_tree(**asynch, endpoint={}, algo={"preset": "dapo"}, reward={"rewards": ["accuracy"]}))
     joined = build_config(_tree(**asynch, endpoint={}, atropos={"api_url": "http://127.0.0.1:8000"})).atropos
     assert joined.envs == [] and joined.api_command[0] == ".venv-envs/bin/run-api"
     assert build_config(_tree(**asynch, endpoint={}, atropos={"api_port": 8000})).atropos.api_port == 8000
@@ -337,6 +339,24 @@ def test_shipped_real_model_and_code_configs_validate(name):
         assert cfg.cluster.placement == "colocate" and cfg.cluster.learner_resources.num_gpus == 1
     if name.startswith("smollm2-arith-bf16"):
         assert cfg.model.dtype == "bfloat16" and cfg.resolved_algo.offpolicy == "tis" and cfg.train.bf16_rounding == "auto"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    """Every config in configs/ passes the schema and its bounds (model folders need not exist here)."""
+    cfg = load_config(path)
+    assert cfg.iterations >= 1 and cfg.run_name
+
+
+def test_the_shipped_configs_are_found():
+    assert len(list((ROOT / "configs").glob("*.yaml"))) >= 10
+
+
+def test_every_preset_validates():
+    from grpo_core.algo.presets import PRESETS
+
+    for name in PRESETS:
+        assert load_config(None, preset=name).algo.preset == name
 
 
 def test_zero_stage_auto_partitions_only_across_several_ranks():

@@ -246,3 +246,44 @@ def test_an_episode_takes_one_call_at_a_time(served):
     with recorder.turn(recorder.plan_chat(messages + [{"role": "assistant", "content": "x"},
                                                       {"role": "user", "content": "sure?"}], "ep-busy")):
         pass  # planned on the recorded state: goes through
+
+
+def test_seeds_up_to_64_bits_are_sampled_by_vllm_and_one_beyond_is_refused_at_the_door(served):
+    """Issue 53: a seed above 64 bits reached vLLM (503, samplers left unusable). The door's range is what vLLM
+    samples with; a refused seed leaves the policy serving."""
+    server = served[0]
+    chat = {"messages": [{"role": "user", "content": "1 + 2?"}], "max_tokens": 3}
+    top = _post(server, "/chat/completions", {**chat, "seed": 2**63 - 1})
+    assert top.status_code == 200, top.text
+    beyond = _post(server, "/chat/completions", {**chat, "seed": 1180591620717411303424})
+    assert beyond.status_code == 400 and beyond.json()["error"]["param"] == "seed", beyond.text
+    again = _post(server, "/chat/completions", {**chat, "seed": 2**63 - 1})
+    assert again.status_code == 200 and again.json()["choices"][0]["token_ids"] == top.json()["choices"][0]["token_ids"]
+
+
+def test_a_turn_one_token_short_of_the_context_gets_one_token_and_one_at_the_context_is_refused(served):
+    """Issue 53: a multi-turn episode whose next prompt reached exactly the context must be refused at the door,
+    not by vLLM; one token short, the answer is clamped to that token, and vLLM takes it."""
+    server, _, _ = served
+    recorder, context = server.endpoint.recorder, server.endpoint.policy.max_model_len
+    messages = [{"role": "user", "content": "What is 12 + 30?"}]
+    first = _post(server, "/chat/completions", {"messages": messages, "episode_id": "ep-room", "max_tokens": 8})
+    assert first.status_code == 200, first.text
+    messages = messages + [{"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]}]
+
+    def next_turn(tokens: int) -> list[dict]:
+        for size in range(context):
+            trial = messages + [{"role": "user", "content": "x" * size}]
+            if len(recorder.plan_chat(trial, "ep-room").prompt_ids) == tokens:
+                return trial
+        raise AssertionError(f"no next turn of {tokens} tokens")
+
+    full = _post(server, "/chat/completions", {"messages": next_turn(context), "episode_id": "ep-room"})
+    assert full.status_code == 400 and full.json()["error"]["code"] == "context_length_exceeded", full.text
+    last = _post(server, "/chat/completions", {"messages": next_turn(context - 1), "episode_id": "ep-room",
+                                               "max_tokens": 50})
+    assert last.status_code == 200, last.text
+    assert last.json()["usage"]["prompt_tokens"] == context - 1 and last.json()["usage"]["completion_tokens"] == 1
+    for ids, status in (([19] * (context - 1), 200), ([19] * context, 400)):
+        out = _post(server, "/completions", {"prompt": ids, "max_tokens": 4})
+        assert out.status_code == status, out.text

@@ -190,6 +190,23 @@ def test_a_registry_lost_while_the_champion_is_evaluated_changes_nothing(tmp_pat
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_gate_retried_after_its_commit_landed_registers_nothing_twice(tmp_path, kind):
+    """The store was lost right after the gate's commit (the gate ended registry_unavailable, the version is in):
+    the retry finds this run's policy registered and reports that version instead of recording it again."""
+    evaluate = _figures({"night": 0.5})
+    cfg = _cfg(tmp_path, kind, "night")
+    store = _finished_run(cfg)
+    first = run_gate(cfg, store, evaluate)
+    store.put_json_file(GATE, {**json.loads((tmp_path / "night" / GATE).read_text()),
+                               "outcome": "registry_unavailable"})  # what the lost reply left
+    again = run_gate(cfg, RunStore(str(tmp_path), "night"), evaluate)
+    assert (again.outcome, again.version) == (first.outcome, first.version) == ("promoted", 1)
+    assert "recorded as version 1 by an earlier attempt of this gate" in again.reason
+    shown = _show(tmp_path, "show", "--kind", kind)
+    assert [v["version"] for v in shown["versions"]] == [1] and shown["champion"]["version"] == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_two_runs_finishing_at_once_promote_one_at_a_time(tmp_path, kind):
     """Run A holds the registry while it evaluates the champion; run B, better than the old champion but not than
     A, finishes meanwhile, waits, and is compared against A (the new champion): refused, saying why."""

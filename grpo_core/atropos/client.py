@@ -17,6 +17,16 @@ class AtroposUnavailable(RuntimeError):
     """The API server did not answer (down, restarting, or a reply that is not its protocol)."""
 
 
+class BadBatch(AtroposUnavailable):
+    """An answer that is JSON but cannot be read (nested deeper than the decoder's recursion). From ``/batch``: its
+    groups are refused whole, kept as ``text``, and the pulls go on (the server has already handed them out);
+    elsewhere it is a reply that is not the protocol, as its base class says."""
+
+    def __init__(self, text: str, reason: str):
+        super().__init__(reason)
+        self.text, self.reason = text, reason
+
+
 @dataclass(frozen=True)
 class Registration:
     """The body of ``POST /register``; ``batch_size`` counts sequences (groups x group size)."""
@@ -39,7 +49,11 @@ class AtroposClient:
         try:
             response = self._http.request(method, path, **kwargs)
             response.raise_for_status()
-            return response.json()
+            try:
+                return response.json()
+            except RecursionError:
+                raise BadBatch(response.text, f"{method} {self.url}{path} answered JSON nested deeper than Python's "
+                                              "decoder reads") from None
         except (httpx.HTTPError, ValueError) as exc:
             raise AtroposUnavailable(f"{method} {self.url}{path}: {type(exc).__name__}: {exc}") from exc
 

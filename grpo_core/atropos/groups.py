@@ -7,10 +7,13 @@ logprobs (``inference_logprobs``, 1.0 on masked positions), per-token ``advantag
 ``response_token_ids`` from it on, ``response_mask`` 1 on the policy's tokens and 0 on the environment's, ``reward``
 the score. Every policy span must be an answer this run's endpoint sampled after exactly that prefix (the ledger):
 the row takes that answer's policy version (the oldest over its spans) and its logprobs. What cannot be trained on
-as it is, is refused with the sequence and the field: lengths that disagree, a mask that is not the token or -100, no
-policy token, a score that is not a finite number, a group of another size, a token outside the vocabulary, tokens
-this run did not sample, sent logprobs that disagree with the sampled ones, per-token advantages (this run computes
-GRPO's advantages from the group's scores; a group that brings its own is refused, not silently recomputed).
+as it is, is refused with the sequence and the field: lengths that disagree, a sequence longer than the context the
+trainer registered (``max_sequence_len``), a mask that is not the token or -100, no policy token, a score that is not
+a finite number or is beyond ``max_abs_score`` (the endpoint's reward bound, ``MAX_ABS_REWARD``: refused, not
+clipped), a group of another size, a token outside the vocabulary, tokens this run did not sample, sent logprobs that
+are not finite numbers or disagree with the sampled ones, per-token advantages (this run computes GRPO's advantages
+from the group's scores; a group that brings its own is refused, not silently recomputed), overrides nested deeper
+than the endpoint's door reads JSON (``check_values``).
 ``ref_logprobs`` and ``messages`` are not used (the run computes its own reference and decodes the tokens);
 ``overrides`` and ``group_overrides`` are kept as JSON columns.
 """
@@ -25,6 +28,7 @@ import pyarrow as pa
 
 from grpo_core.data.schemas import RESPONSE_MASK, rollouts_table
 from grpo_core.endpoint.ledger import SampledLedger, SampledSpan
+from grpo_core.endpoint.requests import MAX_ABS_REWARD, RequestError, check_values, shown_value
 from grpo_core.outside_source import GroupRefused
 from grpo_core.pipeline.inbox import OUTSIDE_SAMPLER
 
@@ -36,6 +40,17 @@ LOGPROB_TOLERANCE = 1e-3  # sent inference_logprobs vs the sampled ones (JSON fl
 class GroupLimits:
     group_size: int  # rollout.samples_per_prompt
     vocab_size: int  # the policy's embedding rows
+    max_abs_score: float = MAX_ABS_REWARD  # |score| at most
+    max_sequence_len: int | None = None  # tokens per sequence at most (the registration's max_token_len)
+
+
+def _finite_number(value: Any) -> bool:
+    """A JSON number a float can hold exactly enough: not a bool, a finite float, an int of at most 2**53."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) <= 2**53
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _int_list(value: Any, seq: int, name: str) -> list[int]:
@@ -69,6 +84,9 @@ def policy_spans(mask: list[int]) -> list[tuple[int, int]]:
 
 def _sequence_row(seq: int, tokens: list[int], mask: list[int], score: Any, sent_logprobs: list | None,
                   limits: GroupLimits, ledger: SampledLedger) -> tuple[dict[str, Any], list[int], float]:
+    if limits.max_sequence_len is not None and len(tokens) > limits.max_sequence_len:
+        raise GroupRefused(seq, "tokens", f"has {len(tokens)} tokens; the trainer registered sequences of at most "
+                                          f"{limits.max_sequence_len} (max_token_len)")
     if len(mask) != len(tokens):
         raise GroupRefused(seq, "masks", f"has {len(mask)} entries for {len(tokens)} tokens")
     bad = next((i for i, t in enumerate(tokens) if not 0 <= t < limits.vocab_size), None)
@@ -79,8 +97,12 @@ def _sequence_row(seq: int, tokens: list[int], mask: list[int], score: Any, sent
     if bad is not None:
         raise GroupRefused(seq, "masks", f"position {bad} is {mask[bad]}: a mask entry is the token ({tokens[bad]}) "
                                          f"or {MASKED}")
-    if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
-        raise GroupRefused(seq, "scores", f"is {score!r}, not a finite number")
+    whole = isinstance(score, int) and not isinstance(score, bool)  # any size: compared exactly below
+    if not whole and not _finite_number(score):
+        raise GroupRefused(seq, "scores", f"is {shown_value(score)}, not a finite number")
+    if not -limits.max_abs_score <= score <= limits.max_abs_score:  # exact for any int: compared before float()
+        raise GroupRefused(seq, "scores", f"is {shown_value(score)}, outside [-{limits.max_abs_score:g}, "
+                                          f"{limits.max_abs_score:g}] (refused, not clipped)")
     spans = policy_spans(mask)
     if not spans:
         raise GroupRefused(seq, "masks", "marks no token as the policy's: nothing to train on")
@@ -103,9 +125,10 @@ def _sequence_row(seq: int, tokens: list[int], mask: list[int], score: Any, sent
         for start, end in spans:
             for i in range(start, end):
                 sent = sent_logprobs[i]
-                if not isinstance(sent, (int, float)) or abs(sent - logprobs[i - first]) > LOGPROB_TOLERANCE:
-                    raise GroupRefused(seq, "inference_logprobs", f"position {i} is {sent!r}; the endpoint sampled "
-                                                                  f"that token with logprob {logprobs[i - first]:.6f}")
+                if not _finite_number(sent) or abs(sent - logprobs[i - first]) > LOGPROB_TOLERANCE:
+                    raise GroupRefused(seq, "inference_logprobs",
+                                       f"position {i} is {shown_value(sent)}; the endpoint sampled that token with "
+                                       f"logprob {logprobs[i - first]:.6f}")
     finish = found[-1].finish_reason
     row = {"prompt_id": -1, "sample_idx": seq, "prompt_token_ids": tokens[:first],
            "response_token_ids": tokens[first:], "sampler_logprobs": logprobs, "finish_reason": finish,
@@ -120,6 +143,10 @@ def group_rows(group: Any, limits: GroupLimits, ledger: SampledLedger,
     ``response_mask``, ``reward``, ``atropos_overrides`` and ``atropos_group_overrides``; raises GroupRefused."""
     if not isinstance(group, dict):
         raise GroupRefused(None, None, f"is a {type(group).__name__}, not a ScoredData object")
+    try:  # no field of ScoredData is deep; a deep one could not even be written back as the refusal's JSON
+        check_values(group, leaves=False)
+    except RequestError as exc:
+        raise GroupRefused(None, exc.param, str(exc)) from None
     tokens, masks, scores = group.get("tokens"), group.get("masks"), group.get("scores")
     for name, value in (("tokens", tokens), ("masks", masks), ("scores", scores)):
         if not isinstance(value, list):
@@ -136,6 +163,11 @@ def group_rows(group: Any, limits: GroupLimits, ledger: SampledLedger,
                                                "advantages from the group's scores (send scores only)")
     sent = _per_sequence(group, "inference_logprobs", len(tokens))
     overrides = _per_sequence(group, "overrides", len(tokens))
+    for name in ("overrides", "group_overrides"):
+        try:
+            check_values(group.get(name), root=name)
+        except RequestError as exc:
+            raise GroupRefused(None, name, str(exc)) from None
     rows, response_masks, rewards = [], [], []
     for seq in range(len(tokens)):
         row, mask, reward = _sequence_row(seq, _int_list(tokens[seq], seq, "tokens"),

@@ -14,12 +14,12 @@ queued in an API server the run started die with it (its queue is in memory), an
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import pyarrow as pa
 
-from grpo_core.atropos.client import AtroposClient, AtroposUnavailable, Registration
+from grpo_core.atropos.client import AtroposClient, AtroposUnavailable, BadBatch, Registration
 from grpo_core.atropos.groups import GroupLimits, group_rows
 from grpo_core.child_process import ChildProcess
 from grpo_core.endpoint.ledger import SampledLedger
@@ -39,6 +39,10 @@ class AtroposSource:
     api_timeout_s: float
     poll_s: float = 0.2
     totals: FillStats = field(default_factory=FillStats)
+
+    def __post_init__(self) -> None:
+        if self.limits.max_sequence_len is None:  # no sequence longer than the trainer registered to take
+            self.limits = replace(self.limits, max_sequence_len=self.registration.max_token_len)
 
     def start(self) -> "AtroposSource":
         """API server up (started when ours), registered, its first /batch asked (environments may only register
@@ -84,6 +88,10 @@ class AtroposSource:
             self.envs.check(stats)
             try:
                 batch = self.client.batch()
+            except BadBatch as bad:  # an answer that cannot be read as groups: refused whole, with the text
+                sink.refused(bad.text, GroupRefused(None, None, bad.reason))
+                stats.refused += 1
+                continue
             except AtroposUnavailable as exc:
                 self._recover_api(exc, stats)
                 continue

@@ -82,4 +82,5 @@ def merged(sets: list[PromptSet]) -> PromptSet:
         return sets[0]
     return PromptSet(rows=[row for s in sets for row in s.rows],
                      skipped=[(row, f"{s.source}: {why}") for s in sets for row, why in s.skipped],
-                     source=f"{sets[0].source} (+{len(sets) - 1} more files)")
+                     source=f"{sets[0].source} (+{len(sets) - 1} more files)",
+                     refs=[ref for s in sets for ref in s.refs] if all(s.refs or not s.rows for s in sets) else [])

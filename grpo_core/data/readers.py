@@ -4,7 +4,9 @@ normalised rows, checking every row.
 Why check here: a malformed row found in the middle of training costs a run; found at load time it costs a
 message naming the file, the row and the field. Rows are numbered by where they are in the file: jsonl errors name
 the 1-based *line*, parquet and HF datasets the 0-based *row index*. With ``on_bad_row="skip"`` a bad row is left out
-and listed in ``PromptSet.skipped`` as ``(row, reason)`` with the same numbering; nothing is dropped silently.
+and listed in ``PromptSet.skipped`` as ``(row, reason)`` with the same numbering; nothing is dropped silently. A
+row's length in tokens needs the policy's tokenizer: ``grpo_core.data.precheck`` checks it when a run starts, with the
+same rules (``PromptSet.refs`` says where each kept row is in its file).
 
 Normalised row: every original column, plus
     prompt_id   int, the 0-based position of the row in the file (stable across skips)
@@ -36,11 +38,30 @@ class _RowProblem(ValueError):
     """A problem with one row's field; turned into a DataError with the file and row by the caller."""
 
 
+@dataclass(frozen=True, slots=True)
+class RowRef:
+    """Where a row is in its file: ``number`` as the skipped rows list it (jsonl: the 1-based line; parquet and HF
+    datasets: the 0-based index), ``label`` as errors name it ("line 3", "row 2 (0-based)")."""
+
+    file: str
+    number: int
+    label: str
+
+
 @dataclass
 class PromptSet:
     rows: list[dict]
     skipped: list[tuple[int, str]] = field(default_factory=list)
     source: str = ""
+    # where each of ``rows`` is in its file (same order); empty for a set built in memory
+    refs: list[RowRef] = field(default_factory=list)
+
+    def ref(self, index: int) -> RowRef:
+        """Where ``rows[index]`` is in its file (a set built in memory: its prompt id in ``source``)."""
+        if self.refs:
+            return self.refs[index]
+        prompt_id = self.rows[index]["prompt_id"]
+        return RowRef(self.source, int(prompt_id), f"row {prompt_id}")
 
 
 def read_prompts(path: str, *, format: str = "math", prompt_key: str = "messages", answer_key: str = "gt_answer",
@@ -56,6 +77,7 @@ def read_prompts(path: str, *, format: str = "math", prompt_key: str = "messages
             if isinstance(record, _RowProblem):
                 raise record
             result.rows.append(normalise_row(record, position, format, prompt_key, answer_key))
+            result.refs.append(RowRef(path, row_number, row_label))
         except _RowProblem as problem:
             if on_bad_row == "skip":
                 result.skipped.append((row_number, str(problem)))

@@ -22,16 +22,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from grpo_core.endpoint.requests import RequestError, chars_per_token_bound
 from grpo_core.envs.episode import ANSWERED, LENGTH, ChatContinuation, Episode
 from grpo_core.rollout.sampler import Sample
-
-
-class RequestError(ValueError):
-    """A request the endpoint refuses: ``param`` names the field, ``code`` the OpenAI-style error code."""
-
-    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request", status: int = 400):
-        super().__init__(message)
-        self.param, self.code, self.status = param, code, status
 
 
 def message_text(message: Any, index: int) -> tuple[str, str]:
@@ -106,6 +99,7 @@ class EpisodeRecorder:
     def __init__(self, tokenizer, max_open: int = 4096):
         self.tokenizer = tokenizer
         self.chat = ChatContinuation(tokenizer)
+        self.chars_per_token = chars_per_token_bound(tokenizer)  # the door's bound on text before it is rendered
         self.max_open = max_open
         self.stats = RecorderStats()
         self._open: dict[str, _Open] = {}

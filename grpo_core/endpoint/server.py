@@ -13,6 +13,12 @@ one training sample, handed to the endpoint's sink (in a run: grouped, then writ
 requests get OpenAI-style error bodies (``{"error": {"message", "type", "param", "code"}}``). While the policy is
 being updated (``gate.closed``) a call waits at most ``wait_s`` for it to reopen, then gets 503 with
 ``Retry-After``; a stopping run answers 503 at once.
+
+Every request passes the door first (``grpo_core.endpoint.requests``): a body larger than ``max_body_bytes`` is
+refused (413) before it is read, JSON that is too deep, holds a non-finite number, a 64-bit-overflowing integer or a
+lone surrogate is refused naming the field, and so is every field out of its range; a prompt is measured (text before
+it is rendered, token ids counted) before it is tokenised, then checked in the tokens the engine will see against the
+context less one answer token. ``/health`` answers on the event loop, never behind the sampling calls' threads.
 """
 from __future__ import annotations
 
@@ -23,8 +29,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from grpo_core.endpoint import requests as door
+from grpo_core.endpoint.groups import GroupFate
 from grpo_core.endpoint.ledger import SampledLedger
-from grpo_core.endpoint.recorder import EpisodeRecorder, FinishedEpisode, RequestError, TurnPlan
+from grpo_core.endpoint.recorder import EpisodeRecorder, FinishedEpisode, TurnPlan
+from grpo_core.endpoint.requests import RequestError
 from grpo_core.endpoint.sampling import SamplingRequest
 from grpo_core.rollout.sampler import Sample
 
@@ -44,8 +53,8 @@ class EpisodeSink(Protocol):
     def check(self, group: str | None) -> None:
         """Refuse (``RequestError``) an episode that could not be kept, before it is closed."""
 
-    def add(self, episode: FinishedEpisode) -> str | None:
-        """Keep a finished episode; the inbox item it completed, if any."""
+    def add(self, episode: FinishedEpisode) -> GroupFate:
+        """Keep a finished episode; what became of the group it completed, if any."""
 
     def incomplete(self) -> dict[str, int]:
         """Groups still short of their episodes."""
@@ -81,24 +90,6 @@ class PolicyGate:
                                status=503)
 
 
-# Request fields this endpoint does not serve, with the value that asks for nothing (then accepted)
-_UNSERVED = {"stream": False, "tools": [], "functions": [], "response_format": {"type": "text"}, "best_of": 1,
-             "echo": False, "suffix": ""}
-
-
-def _number(body: dict, name: str, default: Any, kind: type, low: float | None = None, high: float | None = None):
-    value = body.get(name, default)
-    if value is None:
-        value = default
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise RequestError(f"{name} must be an integer, not {value!r}", param=name)
-    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise RequestError(f"{name} must be a number, not {value!r}", param=name)
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise RequestError(f"{name}={value} is out of range [{low}, {high}]", param=name)
-    return kind(value)
-
-
 @dataclass
 class EndpointSettings:
     model_name: str
@@ -107,6 +98,10 @@ class EndpointSettings:
     top_p: float = 1.0
     token: str | None = None  # bearer token (None: no auth)
     wait_s: float = 30.0  # how long a call waits for a weight update to finish
+    max_abs_reward: float = door.MAX_ABS_REWARD  # |reward| of a finished episode at most (why 1e6: MAX_ABS_REWARD)
+    # The largest body read: a 128k-token context as token ids is about 1 MiB of JSON, as text a few MiB at most
+    # (a token is a few characters); parsing and checking 12 MB of token ids took 0.73 s on 2 cores.
+    max_body_bytes: int = 8 * 2**20
 
 
 class PolicyEndpoint:
@@ -121,34 +116,19 @@ class PolicyEndpoint:
         self.finished: list[FinishedEpisode] = []  # kept here when there is no sink
 
     # ------------------------------------------------------------------------------------------ requests
-    def _sampling(self, body: dict, plan: TurnPlan) -> SamplingRequest:
+    def _sampling(self, body: dict, plan: TurnPlan, param: str) -> SamplingRequest:
+        """The call's sampling request: its fields checked (``requests.sampling_fields``), the prompt's tokens -- the
+        tokens the engine is given -- checked against the context less the answer's first token, and ``max_tokens``
+        clamped to the room left."""
         s = self.settings
-        for name, neutral in _UNSERVED.items():
-            if body.get(name) not in (None, neutral):
-                raise RequestError(f"{name} is not served by this endpoint", param=name, code="unsupported_parameter")
-        if body.get("stop") not in (None, [], ""):
-            raise RequestError("stop sequences are not served: the policy stops at its end-of-turn token or "
-                               "max_tokens", param="stop", code="unsupported_parameter")
+        fields = door.sampling_fields(body, s.max_tokens, s.temperature, s.top_p)
         room = self.policy.max_model_len - len(plan.prompt_ids)
         if room < 1:
-            raise RequestError(f"the prompt is {len(plan.prompt_ids)} tokens; the policy's context is "
-                               f"{self.policy.max_model_len}", param="messages", code="context_length_exceeded")
-        key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        request = SamplingRequest(
-            n=_number(body, "n", 1, int, 1, 64),
-            max_tokens=min(_number(body, key, s.max_tokens, int, 1, None), room),
-            temperature=_number(body, "temperature", s.temperature, float, 0.0, 2.0),
-            top_p=_number(body, "top_p", s.top_p, float, 1e-6, 1.0),
-            seed=_number(body, "seed", None, int) if body.get("seed") is not None else None)
-        if plan.episode_id is not None and request.n != 1:
+            raise door.context_exceeded(param, len(plan.prompt_ids), self.policy.max_model_len)
+        if plan.episode_id is not None and fields.n != 1:
             raise RequestError("an episode's call has one answer (n=1): start one episode per sample", param="n")
-        return request
-
-    def _episode_id(self, body: dict, headers: dict[str, str]) -> str | None:
-        value = headers.get("x-episode-id") or body.get("episode_id")
-        if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 256):
-            raise RequestError("episode_id must be a string of 1-256 characters", param="episode_id")
-        return value
+        return SamplingRequest(n=fields.n, max_tokens=min(fields.max_tokens, room), temperature=fields.temperature,
+                               top_p=fields.top_p, seed=fields.seed)
 
     def _run(self, plan: TurnPlan, request: SamplingRequest) -> tuple[list[Sample], int]:
         self.gate.wait(self.settings.wait_s)
@@ -173,10 +153,12 @@ class PolicyEndpoint:
                                f"{self.settings.model_name!r}", param="model", code="model_not_found", status=404)
 
     def completions(self, body: Any, headers: dict[str, str]) -> dict[str, Any]:
-        body = _object(body)
+        body = door.json_object(body)
         self._check_model(body)
-        plan = self.recorder.plan_completion(body.get("prompt"), self._episode_id(body, headers))
-        request = self._sampling(body, plan)
+        episode = door.episode_id(body, headers)
+        door.prompt_size("prompt", body.get("prompt"), self.policy.max_model_len, self.recorder.chars_per_token)
+        plan = self.recorder.plan_completion(body.get("prompt"), episode)
+        request = self._sampling(body, plan, "prompt")
         want_logprobs = body.get("logprobs") is not None
         samples, version = self._run(plan, request)
         choices = [{"index": i, "text": s.text, "finish_reason": s.finish_reason, "token_ids": s.token_ids,
@@ -186,10 +168,12 @@ class PolicyEndpoint:
         return self._response("text_completion", "cmpl", plan, samples, version, choices)
 
     def chat_completions(self, body: Any, headers: dict[str, str]) -> dict[str, Any]:
-        body = _object(body)
+        body = door.json_object(body)
         self._check_model(body)
-        plan = self.recorder.plan_chat(body.get("messages"), self._episode_id(body, headers))
-        request = self._sampling(body, plan)
+        episode = door.episode_id(body, headers)
+        door.prompt_size("messages", body.get("messages"), self.policy.max_model_len, self.recorder.chars_per_token)
+        plan = self.recorder.plan_chat(body.get("messages"), episode)
+        request = self._sampling(body, plan, "messages")
         want_logprobs = bool(body.get("logprobs"))
         samples, version = self._run(plan, request)
         choices = []
@@ -206,13 +190,15 @@ class PolicyEndpoint:
         tokens itself): ``{"prompt": {"prompt_token_ids": [...]}, "logprobs": 0, n, max_tokens, ...}`` ->
         ``{"logprobs": [per sample: [per token: [{"<id>": logprob}]]], "finish_reasons": [...]}``, with the texts,
         the token ids and the policy version beside them."""
-        body = _object(body)
+        body = door.json_object(body)
         prompt = body.get("prompt")
         ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
         if ids is None:
             raise RequestError("prompt must be {\"prompt_token_ids\": [...]}", param="prompt")
-        plan = self.recorder.plan_completion(ids, self._episode_id(body, headers))
-        request = self._sampling({k: v for k, v in body.items() if k not in ("prompt", "logprobs")}, plan)
+        episode = door.episode_id(body, headers)
+        door.prompt_size("prompt", ids, self.policy.max_model_len, self.recorder.chars_per_token)
+        plan = self.recorder.plan_completion(ids, episode)
+        request = self._sampling({k: v for k, v in body.items() if k not in ("prompt", "logprobs")}, plan, "prompt")
         samples, version = self._run(plan, request)
         return {"logprobs": [[[{str(t): lp}] for t, lp in zip(s.token_ids, s.logprobs)] for s in samples],
                 "finish_reasons": [s.finish_reason for s in samples], "text": [s.text for s in samples],
@@ -236,58 +222,68 @@ class PolicyEndpoint:
                                             "owned_by": "grpo", "max_model_len": self.policy.max_model_len}]}
 
     def finish(self, episode_id: str, body: Any) -> dict[str, Any]:
-        body = _object(body) if body is not None else {}
-        reward = body.get("reward")
-        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
-                                   or reward != reward or abs(reward) == float("inf")):
-            raise RequestError(f"reward must be a finite number or null, not {reward!r}", param="reward")
-        group = body.get("group")
-        if group is not None and (not isinstance(group, str) or not 0 < len(group) <= 256):
-            raise RequestError("group must be a string of 1-256 characters (the episodes of one task)",
-                               param="group")
+        """Close an episode with its reward and group. ``inbox_item``: the item its group became when it completed;
+        ``group_rejected``: why the completed group cannot be trained on (then kept under ``inbox/rejected/``)."""
+        door.identifier(episode_id, "episode_id", "an episode id")
+        fields = door.finish_fields(body, self.settings.max_abs_reward)
         if self.sink is not None:
-            self.sink.check(group)
-        done = self.recorder.finish(episode_id, None if reward is None else float(reward), group)
-        item = None
+            self.sink.check(fields.group)
+        done = self.recorder.finish(episode_id, fields.reward, fields.group)
+        fate = None
         if self.sink is not None:
-            item = self.sink.add(done)
+            fate = self.sink.add(done)
         else:
             self.finished.append(done)
         ep = done.episode
         return {"episode_id": episode_id, "turns": ep.num_turns, "tokens": len(done.prompt_ids) + len(ep.token_ids),
                 "policy_tokens": sum(ep.mask), "policy_version": done.policy_version, "reward": ep.reward,
-                "group": group, "inbox_item": item}
+                "group": fields.group, "inbox_item": None if fate is None else fate.item,
+                "group_rejected": None if fate is None else fate.rejected}
 
     def discard(self, episode_id: str) -> dict[str, Any]:
         """An episode its client gave up (a rollout that failed): dropped, never trained on, no longer open."""
+        door.identifier(episode_id, "episode_id", "an episode id")
         return {"episode_id": episode_id, "discarded": True, "turns": self.recorder.discard(episode_id)}
 
     # ----------------------------------------------------------------------------------------------- HTTP
     def authorized(self, headers: dict[str, str]) -> bool:
+        """The bearer token, compared as bytes in constant time (``compare_digest`` refuses non-ASCII ``str``; a
+        header is Latin-1 text, a token from the environment may hold anything)."""
         token = self.settings.token
-        return token is None or secrets.compare_digest(headers.get("authorization", ""), f"Bearer {token}")
+        if token is None:
+            return True
+        given = headers.get("authorization", "").encode("utf-8", "surrogatepass")
+        return secrets.compare_digest(given, f"Bearer {token}".encode("utf-8", "surrogatepass"))
 
     def app(self):
         """The FastAPI application serving these routes."""
+        import anyio
         from fastapi import FastAPI, Request
         from fastapi.responses import JSONResponse
 
         api = FastAPI(title="grpo policy endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+        limit = self.settings.max_body_bytes
 
         def error(exc: RequestError) -> JSONResponse:
             kind = "invalid_request_error" if exc.status < 500 else "server_error"
             headers = {"Retry-After": "1"} if exc.status == 503 else None
-            return JSONResponse({"error": {"message": str(exc), "type": kind, "param": exc.param, "code": exc.code}},
-                                status_code=exc.status, headers=headers)
+            param = None if exc.param is None else door.shown_text(exc.param)
+            return JSONResponse({"error": {"message": door.shown_text(str(exc)), "type": kind, "param": param,
+                                           "code": exc.code}}, status_code=exc.status, headers=headers)
 
-        async def body_of(request: Request) -> Any:
-            import json
-
-            raw = await request.body()
-            try:
-                return json.loads(raw) if raw else None
-            except ValueError as exc:
-                raise RequestError(f"the body is not JSON: {exc}", code="invalid_json") from None
+        async def body_bytes(request: Request) -> bytes:
+            """The body, refused (413) past ``max_body_bytes``: by its declared length before a byte is read, or as
+            soon as the bytes read pass it (a chunked body)."""
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > limit:
+                raise door.too_large(int(declared), limit)
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise door.too_large(size, limit)
+                chunks.append(chunk)
+            return b"".join(chunks)
 
         def route(handler: Callable[[Any, dict[str, str]], dict[str, Any]], needs_body: bool = True):
             async def serve(request: Request):
@@ -296,15 +292,20 @@ class PolicyEndpoint:
                     return error(RequestError("missing or wrong bearer token (Authorization: Bearer ...)",
                                               code="invalid_api_key", status=401))
                 try:
-                    body = await body_of(request) if needs_body else None
-                    import anyio
-
-                    out = await anyio.to_thread.run_sync(handler, body, {**headers, **request.path_params})
+                    raw = await body_bytes(request)  # read (bounded) on every route, used where the route takes one
+                    params = {**headers, **request.path_params}
+                    # parsed and checked on a worker thread, as the call is: the event loop only moves bytes
+                    out = await anyio.to_thread.run_sync(
+                        lambda: handler(door.read_json(raw) if needs_body else None, params))
                 except RequestError as exc:
                     return error(exc)
                 return JSONResponse(out)
             serve.__annotations__ = {"request": Request}  # this module's annotations are strings; FastAPI needs it
             return serve
+
+        async def health() -> dict[str, str]:
+            """Liveness, answered on the event loop: never queued behind sampling calls in the thread pool."""
+            return {"status": "ok"}
 
         api.add_api_route("/v1/models", route(lambda b, h: self.models(), needs_body=False), methods=["GET"])
         api.add_api_route("/v1/completions", route(self.completions), methods=["POST"])
@@ -314,7 +315,7 @@ class PolicyEndpoint:
         api.add_api_route("/v1/episodes/{episode_id}", route(lambda b, h: self.discard(h["episode_id"]),
                                                              needs_body=False), methods=["DELETE"])
         api.add_api_route("/generate", route(self.generate), methods=["POST"])  # Atropos (server_type: vllm)
-        api.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"])
+        api.add_api_route("/health", health, methods=["GET"])
 
         @api.exception_handler(404)
         async def not_found(request: Request, exc: Exception):
@@ -324,13 +325,13 @@ class PolicyEndpoint:
         async def not_allowed(request: Request, exc: Exception):
             return error(RequestError(f"{request.method} is not allowed on {request.url.path}",
                                       code="method_not_allowed", status=405))
+
+        @api.exception_handler(Exception)
+        async def failed(request: Request, exc: Exception):
+            """A fault of the endpoint itself: still an OpenAI-style body (the traceback goes to the server's log)."""
+            return error(RequestError(f"the endpoint failed on {request.method} {request.url.path}: "
+                                      f"{type(exc).__name__}: {exc}", code="internal_error", status=500))
         return api
-
-
-def _object(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise RequestError("the body must be a JSON object", code="invalid_request")
-    return body
 
 
 class EndpointServer:

@@ -20,6 +20,7 @@ import torch
 from grpo_core.algo.pass_at_k import pass_at_k
 from grpo_core.config import EvalDatasetConfig, GRPOConfig
 from grpo_core.data.files import merged, read_prompt_files
+from grpo_core.data.precheck import check_lengths
 from grpo_core.pipeline.prompts import PromptStream, PromptTokenizer
 from grpo_core.pipeline.scoring import score_table, with_rewards
 from grpo_core.rewards.scorer import Scorer
@@ -62,6 +63,7 @@ def load_eval_sets(cfg: GRPOConfig, tokenizer, storage_options: dict | None = No
                                            storage_options=storage_options))
         encoder = PromptTokenizer(tokenizer, spec.reward_type, spec.system_prompt, cfg.data.max_prompt_tokens,
                                   [t.model_dump() for t in spec.few_shot or ()])
+        prompts = check_lengths(prompts, encoder, cfg.data.max_prompt_tokens, cfg.data.on_bad_row)
         encoded = PromptStream(prompts, encoder, batch_size=1, seed=0, shuffle=False).all(spec.max_prompts)
         out.append(EvalSet(name=name, spec=spec, prompts=encoded, source=spec.path, skipped=list(prompts.skipped),
                            questions={row["prompt_id"]: _last_user_turn(row["messages"]) for row in prompts.rows}))

@@ -7,10 +7,10 @@ import os
 import posixpath
 
 from grpo_core.config_sections import REGISTRY_FOLDER, RegistryConfig
-from grpo_core.registry.records import (ModelRegistry, ModelVersion, RegistryError, RegistryEvent,
+from grpo_core.registry.records import (ModelRegistry, ModelVersion, RegistryCorrupt, RegistryError, RegistryEvent,
                                         RegistryUnavailable, version_of)
 
-__all__ = ["ModelRegistry", "ModelVersion", "RegistryError", "RegistryEvent", "RegistryUnavailable",
+__all__ = ["ModelRegistry", "ModelVersion", "RegistryCorrupt", "RegistryError", "RegistryEvent", "RegistryUnavailable",
            "open_registry", "registry_uri", "version_of"]
 
 MLFLOW_DB = "mlflow.db"
@@ -29,7 +29,8 @@ def registry_uri(settings: RegistryConfig, root: str) -> str:
 
 
 def open_registry(settings: RegistryConfig, root: str, storage_options: dict | None = None) -> ModelRegistry:
-    """The registry ``settings`` name (RegistryUnavailable: it cannot be opened)."""
+    """The registry ``settings`` name (RegistryUnavailable: it cannot be opened; RegistryCorrupt: what is there is
+    not a registry, which is never taken for an empty one)."""
     uri = registry_uri(settings, root)
     if settings.kind == "mlflow":
         from grpo_core.registry.mlflow_registry import MLflowRegistry

@@ -11,6 +11,7 @@ from typing import Any
 
 from grpo_core.config import RegistryConfig
 from grpo_core.registry import ModelRegistry, RegistryError, RegistryUnavailable, open_registry
+from grpo_core.registry.records import one_line, status_line
 
 
 def add_location_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,22 +24,39 @@ def add_location_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage-options", default=None, help="fsspec options as JSON (a folder registry on S3)")
 
 
+def _storage_options(args: argparse.Namespace) -> dict | None:
+    if not args.storage_options:
+        return None
+    try:
+        options = json.loads(args.storage_options)
+    except ValueError as err:
+        raise RegistryError(f"--storage-options: not JSON ({err})") from None
+    if not isinstance(options, dict):
+        raise RegistryError(f"--storage-options: a JSON object of fsspec options, not {args.storage_options!r}")
+    return options
+
+
 def registry_of(args: argparse.Namespace) -> ModelRegistry:
     settings = RegistryConfig(kind=args.kind, uri=args.uri, name=args.name)
-    return open_registry(settings, args.root, json.loads(args.storage_options) if args.storage_options else None)
+    return open_registry(settings, args.root, _storage_options(args))
 
 
 def champion_policy(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
-    """(a local HF folder of the champion's policy, where it came from): for `grpo serve --model champion`."""
-    from grpo_core.offline_eval import resolve_policy
+    """(a local HF folder of the champion's policy, where it came from): for `grpo serve --model champion`.
+    RegistryError when there is no champion or its policy cannot be loaded (its run folder gone, say)."""
+    from grpo_core.offline_eval import EvalError, resolve_policy
 
     registry = registry_of(args)
     champion = registry.champion()
     if champion is None:
         raise RegistryError(f"{registry.location} has no champion yet (a gated run promotes one; or `grpo registry "
                             f"promote VERSION`)")
-    options = json.loads(args.storage_options) if args.storage_options else None
-    policy = resolve_policy(stack, run=champion.run, root=champion.root, storage_options=options)
+    try:
+        policy = resolve_policy(stack, run=champion.run, root=champion.root, storage_options=_storage_options(args))
+    except (EvalError, OSError) as err:
+        raise RegistryError(f"{registry.location}: the champion, version {champion.version} (run {champion.run} under "
+                            f"{champion.root}), cannot be served: {one_line(err)} (promote or roll back to a version "
+                            "whose run is there: `grpo registry rollback`)") from err
     return policy.folder, f"the champion, version {champion.version} (run {champion.run}, {policy.described})"
 
 
@@ -73,7 +91,7 @@ def _move(args: argparse.Namespace, action: str) -> dict[str, Any]:
     from grpo_core.promotion import user
 
     registry = registry_of(args)
-    with registry.lock():
+    with registry.lock(on_wait=status_line):  # stdout is the command's JSON
         current = registry.champion()
         if action == "promote":
             target = args.version

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from grpo_core.registry.records import RegistryUnavailable
+from grpo_core.registry.records import RegistryUnavailable, status_line
 
 
 def lock_path(location: str, local_dir: str | None) -> str:
@@ -27,8 +27,9 @@ def lock_path(location: str, local_dir: str | None) -> str:
 
 
 @contextmanager
-def exclusive(path: str, location: str, on_wait: Callable[[str], None] = print) -> Iterator[None]:
-    """Hold the lock at ``path``; says once when another holder makes it wait."""
+def exclusive(path: str, location: str, on_wait: Callable[[str], None] = status_line) -> Iterator[None]:
+    """Hold the lock at ``path``; says once when another holder makes it wait (by default on stderr: a command's
+    output stays its own)."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         handle = open(path, "a+")

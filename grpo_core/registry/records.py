@@ -2,11 +2,15 @@
 that moved it; the one interface every registry kind implements."""
 from __future__ import annotations
 
+import functools
+import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal, Protocol
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol, TypeVar
+
+import pydantic
 
 Decision = Literal["promoted", "refused"]
 Action = Literal["promoted", "refused", "promote", "rollback"]  # the gate's two, then a person's two
@@ -17,7 +21,25 @@ class RegistryError(ValueError):
 
 
 class RegistryUnavailable(RuntimeError):
-    """The registry cannot be reached or written; nothing was changed by the call that raised this."""
+    """The registry cannot be reached or written; nothing was changed by the call that raised this (unless its
+    message says that the store stopped answering after the change was committed)."""
+
+
+class RegistryCorrupt(RegistryUnavailable):
+    """The registry's store is there but is not a registry: an empty or corrupt file, a record that does not parse.
+    Never taken for "no registry yet" (that is a store that does not exist): a gate finding one promotes nothing, and
+    a person repairs it (restores the file, or removes it to start a new registry)."""
+
+
+def one_line(err: BaseException) -> str:
+    """An error as one line, for messages (SQLAlchemy's and pydantic's run over several)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def status_line(line: str) -> None:
+    """A line for a person watching (the lock's waiting line): stderr, so that a command's JSON on stdout stays JSON."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def utc_now() -> str:
@@ -45,8 +67,9 @@ class ModelVersion:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> "ModelVersion":
-        return cls(**{f.name: doc[f.name] for f in fields(cls) if f.name in doc})
+    def from_json(cls, doc: Any) -> "ModelVersion":
+        """A stored record (ValueError, one line: it is not one). Stored, it has its number and time."""
+        return validated(cls, doc, required=("version", "registered_at"))
 
     def summary(self) -> dict[str, Any]:
         """What `grpo registry show` lists per version: no lineage (``--lineage`` walks that)."""
@@ -69,13 +92,38 @@ class RegistryEvent:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> "RegistryEvent":
-        return cls(**{f.name: doc[f.name] for f in fields(cls) if f.name in doc})
+    def from_json(cls, doc: Any) -> "RegistryEvent":
+        """A stored event (ValueError, one line: it is not one). Stored, it has its time."""
+        return validated(cls, doc, required=("at",))
+
+
+Record = TypeVar("Record")
+
+
+@functools.cache
+def _adapter(cls: type) -> pydantic.TypeAdapter:
+    return pydantic.TypeAdapter(cls)
+
+
+def validated(cls: type[Record], doc: Any, required: tuple[str, ...] = ()) -> Record:
+    """``doc`` read as a ``cls`` (a dataclass of this module), field types checked by pydantic, the fields in
+    ``required`` present even where ``cls`` has a default for them (a stored record is never completed with a made-up
+    value); ValueError naming each field that is missing or wrong, on one line."""
+    problems = [f"{name}: Field required" for name in required if isinstance(doc, dict) and name not in doc]
+    try:
+        record = _adapter(cls).validate_python(doc)
+    except pydantic.ValidationError as err:
+        problems += [f"{'.'.join(map(str, e['loc'])) or 'the document'}: {e['msg']}" for e in err.errors()]
+    if problems:
+        raise ValueError(f"not a {cls.__name__} record ({'; '.join(problems)})")
+    return record
 
 
 class ModelRegistry(Protocol):
     """A registry of one model's versions. Every method raises `RegistryUnavailable` when the store cannot be
-    reached, having changed nothing; `record` and `set_champion` are all-or-nothing."""
+    reached, having changed nothing (`RegistryCorrupt` when it is there but is not a registry); `record` and
+    `set_champion` are all-or-nothing: under a fault at any step a reader sees the registry as it was before the
+    call or as it is after it, never between."""
 
     location: str  # where it is, for messages
 
@@ -94,7 +142,7 @@ class ModelRegistry(Protocol):
         """A person's promotion or rollback: the champion becomes ``version`` (RegistryError: no such version)."""
         ...
 
-    def lock(self, on_wait: Callable[[str], None] = print) -> AbstractContextManager[None]:
+    def lock(self, on_wait: Callable[[str], None] = status_line) -> AbstractContextManager[None]:
         """Held while a gate reads the champion, evaluates it and records its decision: one promotion at a time."""
         ...
 

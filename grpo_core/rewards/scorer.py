@@ -74,7 +74,8 @@ class Scorer:
         if worker_components:
             spec = WorkerSpec(reward_type=reward_type, timeout_s=timeout_s,
                               compute_accuracy=self.plan.needs_accuracy, plugins=dict(self.plan.plugins),
-                              answer_key=self.plan.answer_key, sandbox_limits=self.plan.sandbox_limits)
+                              answer_key=self.plan.answer_key, sandbox_limits=self.plan.sandbox_limits,
+                              concurrent_sandboxes=num_workers)
             hard_limit = timeout_s * worker_components + max(HARD_LIMIT_GRACE_S, 0.5 * timeout_s)
             try:
                 self._pool = WorkerPool(spec, num_workers, hard_timeout_s=hard_limit)

@@ -51,6 +51,7 @@ class WorkerSpec:
     plugins: dict[str, str] = field(default_factory=dict)   # component name -> "module:function" spec
     answer_key: str = "gt_answer"
     sandbox_limits: dict[str, Any] | None = None
+    concurrent_sandboxes: int = 1  # the pool's workers: each may run a jail at once (the memory caps add up)
 
 
 class _RowScorer:
@@ -74,7 +75,7 @@ class _RowScorer:
             from grpo_core.sandbox import Sandbox, SandboxLimits
 
             # One checked sandbox per worker: SandboxUnavailable surfaces at start, not on the first row.
-            sandbox = Sandbox(SandboxLimits(**(spec.sandbox_limits or {})))
+            sandbox = Sandbox(SandboxLimits(**(spec.sandbox_limits or {})), concurrent_runs=spec.concurrent_sandboxes)
             return lambda completion, row: accuracy.code_accuracy(completion, row, sandbox)
         raise ValueError(f"unknown reward type {spec.reward_type!r}; choose one of {accuracy.REWARD_TYPES}")
 

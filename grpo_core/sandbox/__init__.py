@@ -4,21 +4,29 @@
     result = sandbox.run("print(input()[::-1])", stdin="abc\\n")
     outcome = check_tests(program, inputs, outputs, sandbox=sandbox)
 
-Code scoring must refuse (not fall back to running unsandboxed) when SandboxUnavailable is raised.
+Each run's whole process tree is capped (memory, processes) by a cgroup where the host allows one; see
+grpo_core.sandbox.cgroups. Code scoring must refuse (not fall back to running unsandboxed) when SandboxUnavailable is
+raised.
 """
 
+from grpo_core.sandbox.cgroups import TreeCaps, TreeUsage, detect_tree_caps
 from grpo_core.sandbox.checking import TestOutcome, check_tests, normalize_output, outputs_match
-from grpo_core.sandbox.limits import SandboxLimits
+from grpo_core.sandbox.limits import MemoryBudget, SandboxLimits, memory_budget
 from grpo_core.sandbox.nsjail import SandboxUnavailable
 from grpo_core.sandbox.runner import RunResult, Sandbox
 
 __all__ = [
+    "MemoryBudget",
     "RunResult",
     "Sandbox",
     "SandboxLimits",
     "SandboxUnavailable",
     "TestOutcome",
+    "TreeCaps",
+    "TreeUsage",
     "check_tests",
+    "detect_tree_caps",
+    "memory_budget",
     "normalize_output",
     "outputs_match",
 ]

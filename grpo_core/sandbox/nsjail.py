@@ -18,7 +18,14 @@ Isolation comes from Linux namespaces set up by nsjail:
     * the program file, read-only, at ``/code/main.py``;
     * a private, size-capped tmpfs at ``/tmp``, the working directory;
 - UTS and IPC namespaces, a clean environment (only PATH, LANG, HOME are set), no capabilities, no_new_privs,
-  nice 19, and rlimits from :class:`SandboxLimits`.
+  nice 19, and rlimits from :class:`SandboxLimits`;
+- the run's memory and process count capped for the whole tree by a cgroup where the host allows one
+  (:mod:`grpo_core.sandbox.cgroups`);
+- a seccomp filter (:data:`SECCOMP_POLICY`, kafel syntax) refusing with EPERM the system calls that untrusted test
+  code never needs and that widen the kernel surface it can reach: tracing other processes, mounting, new
+  namespaces, kernel modules, kexec, BPF, perf, keyrings, swap, reboot, cross-process memory access, userfaultfd,
+  io_uring. ``clone`` with a CLONE_NEW* flag is refused too (the same thing as ``unshare``), and ``clone3``, whose
+  flags a filter cannot read, answers ENOSYS so that the C library falls back to ``clone`` (threads and fork work).
 """
 
 from __future__ import annotations
@@ -39,6 +46,24 @@ PROGRAM_PATH = "/code/main.py"
 WORK_DIR = "/tmp"
 JAIL_ENV = ("PATH=/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/tmp")
 DEVICES_RO = ("/dev/zero", "/dev/urandom", "/dev/random")
+
+# CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+_CLONE_NEW_NAMESPACE = 0x7E020000
+_REFUSED_SYSCALLS = (
+    "ptrace", "process_vm_readv", "process_vm_writev",
+    "mount", "umount", "pivot_root", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
+    "mount_setattr", "unshare", "setns",
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff",
+    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+)  # kafel names: "umount" is x86-64's umount2 (number 166)
+_EPERM, _ENOSYS = 1, 38
+SECCOMP_POLICY = (
+    f"ERRNO({_EPERM}) {{ {', '.join(_REFUSED_SYSCALLS)}, "
+    f"clone {{ (clone_flags & {_CLONE_NEW_NAMESPACE:#x}) != 0 }} }} "
+    f"ERRNO({_ENOSYS}) {{ clone3 }} "
+    "DEFAULT ALLOW"
+)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -149,8 +174,12 @@ def build_command(
     limits: SandboxLimits,
     program_file: str,
     log_file: str,
+    tree_caps: list[str] | None = None,
 ) -> list[str]:
-    """The full argv that runs ``program_file`` with ``layout``'s interpreter in a fresh jail."""
+    """The full argv that runs ``program_file`` with ``layout``'s interpreter in a fresh jail.
+
+    tree_caps: nsjail's cgroup options for this run (:meth:`grpo_core.sandbox.cgroups.RunCgroups.nsjail_args`);
+    None where no cgroup can be used."""
     symlinks, top_binds = _top_level_links()
     args = [
         nsjail,
@@ -174,6 +203,8 @@ def build_command(
         "--mount", f"none:{WORK_DIR}:tmpfs:size={limits.tmpfs_bytes},mode=1777",
         "--bindmount", "/dev/null",
         "--bindmount_ro", f"{program_file}:{PROGRAM_PATH}",
+        "--seccomp_string", SECCOMP_POLICY,
+        *(tree_caps or []),
     ]
     for path in [*layout.readonly_mounts(), *top_binds, *(d for d in DEVICES_RO if os.path.exists(d))]:
         args += ["--bindmount_ro", path]

@@ -3,11 +3,14 @@
 One jail per run: nothing (files, processes, memory) survives from one run to the next, so submissions and test
 cases cannot see each other. The host side reads stdout/stderr with a byte cap and a wall-clock deadline and kills
 the jail when either is passed, so a hostile program can neither blow up the scorer's memory nor hold it past the
-limit. A :class:`Sandbox` holds only immutable configuration, so one instance may be shared by threads.
+limit. The run's memory and process count are capped for its whole process tree by a cgroup of its own where the host
+allows one (:mod:`grpo_core.sandbox.cgroups`), which is removed after the run. A :class:`Sandbox` holds only immutable
+configuration, so one instance may be shared by threads.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import selectors
@@ -17,7 +20,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from grpo_core.sandbox.limits import SandboxLimits
+from grpo_core.sandbox.cgroups import (
+    TreeCaps,
+    TreeUsage,
+    detect_tree_caps,
+    run_cgroups,
+    sweep_stale_run_cgroups,
+)
+from grpo_core.sandbox.limits import SandboxLimits, memory_budget
 from grpo_core.sandbox.nsjail import (
     InterpreterLayout,
     SandboxUnavailable,
@@ -30,6 +40,11 @@ from grpo_core.sandbox.nsjail import (
 _READ_CHUNK = 64 * 1024
 _KILL_GRACE_S = 2.0
 _DEFAULT_PYTHONS = ("/usr/bin/python3",)
+# The kernel charges memory to a cgroup in batches of pages: when the OOM killer fires, the peak it recorded may sit
+# this far below the cap.
+_CAP_SLACK_BYTES = 2**20
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,9 +55,12 @@ class RunResult:
     signal: the signal that killed it (9 for the CPU limit, the wall limit, the output cap), else None.
     timed_out: the wall-clock limit was reached (CPU-limit kills show up as ``signal`` 9 or 24 with this False).
     output_truncated: stdout or stderr passed ``max_output_bytes``; the program was killed and the output cut.
-    memory_exceeded: best effort; True when the program died with a Python ``MemoryError`` (RLIMIT_AS makes
-        allocations fail rather than killing the process, so this is the visible symptom).
+    memory_exceeded: the run failed and either died with a Python ``MemoryError`` (RLIMIT_AS makes one allocation
+        fail rather than killing the process) or its tree reached the memory cap (the cgroup's OOM killer ended
+        some of its processes).
     wall_s: wall-clock seconds of the whole run, jail set-up included.
+    peak_memory_bytes / peak_processes: the whole tree's peak memory and process count as its cgroup measured them;
+        None where no cgroup caps the run (or the kernel has no such counter).
     """
 
     stdout: str
@@ -53,6 +71,8 @@ class RunResult:
     output_truncated: bool
     memory_exceeded: bool
     wall_s: float
+    peak_memory_bytes: int | None = None
+    peak_processes: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -73,6 +93,12 @@ class Sandbox:
 
     Raises :class:`SandboxUnavailable` (with the reason) when nsjail is missing or cannot create namespaces here:
     callers must then refuse to score code rather than run it unsandboxed.
+
+    concurrent_runs: how many runs go on at once on this machine under these limits (one per reward worker:
+    ``reward.num_workers``). Where a cgroup caps each run, ``concurrent_runs * memory_mb`` above half the machine's
+    memory is a ValueError; where none can (per-process rlimits only), that is logged as a warning instead, with the
+    reason no cgroup could be used.
+    tree_caps: how runs are capped as a whole; None (the default) detects it (:func:`detect_tree_caps`).
     """
 
     def __init__(
@@ -82,12 +108,34 @@ class Sandbox:
         *,
         nsjail: str | None = None,
         scratch_dir: str | None = None,
+        concurrent_runs: int = 1,
+        tree_caps: TreeCaps | None = None,
     ) -> None:
         self.limits = limits
         self.nsjail = locate_nsjail(nsjail)
         self.layout = InterpreterLayout.probe(python or default_python())
         self.scratch_dir = scratch_dir
+        self.tree_caps = detect_tree_caps() if tree_caps is None else tree_caps
+        self._check_memory_budget(concurrent_runs)
+        if self.tree_caps.capped:
+            sweep_stale_run_cgroups(self.tree_caps)
         self._self_check()
+
+    def _check_memory_budget(self, concurrent_runs: int) -> None:
+        caps: TreeCaps = self.tree_caps
+        budget = memory_budget(self.limits, concurrent_runs, tree_capped=caps.capped)
+        if caps.capped:
+            logger.info("sandbox: each run capped as a whole (%s): %d MiB, %d processes",
+                        caps.reason, self.limits.memory_mb, self.limits.max_processes)
+            if not budget.fits:
+                raise ValueError(f"sandbox memory: {budget.describe()}; lower the sandbox's memory_mb "
+                                 "(reward.options.sandbox) or reward.num_workers")
+            return
+        logger.warning("sandbox: no cgroup can cap a run's process tree here (%s); memory and processes are limited "
+                       "per process only (rlimits): one run may hold up to %d processes x %d MiB + %d MiB tmpfs%s",
+                       caps.reason, self.limits.max_processes, self.limits.memory_mb,
+                       self.limits.tmpfs_bytes // 2**20,
+                       "" if budget.fits else f"; that exceeds the memory budget: {budget.describe()}")
 
     def _self_check(self) -> None:
         probe = self.run("import sys\nprint(sys.stdin.read().upper(), end='')\n", stdin="jail ok")
@@ -106,9 +154,11 @@ class Sandbox:
             log_file = os.path.join(scratch, "nsjail.log")
             _write_readonly(program_file, program)
             _write_readonly(stdin_file, stdin)
-            argv = build_command(self.nsjail, self.layout, self.limits, program_file, log_file)
             start = time.monotonic()
-            with open(stdin_file, "rb") as stdin_fh:
+            with run_cgroups(self.tree_caps) as cgroups, open(stdin_file, "rb") as stdin_fh:
+                tree_args = None if cgroups is None else cgroups.nsjail_args(self.limits.memory_bytes,
+                                                                             self.limits.max_processes)
+                argv = build_command(self.nsjail, self.layout, self.limits, program_file, log_file, tree_args)
                 try:
                     proc = subprocess.Popen(
                         argv,
@@ -122,7 +172,8 @@ class Sandbox:
                 except OSError as exc:
                     raise SandboxUnavailable(f"cannot start nsjail {self.nsjail}: {exc}") from exc
                 capture = _capture(proc, self.limits, start + self.limits.wall_time_s)
-            wall = time.monotonic() - start
+                wall = time.monotonic() - start
+                usage = TreeUsage(None, None) if cgroups is None else cgroups.usage()
             log_text = _read_text(log_file)
         verdict = read_verdict(log_text)
         if not verdict.started:
@@ -141,8 +192,10 @@ class Sandbox:
             signal=sig,
             timed_out=capture.timed_out or verdict.time_limit_hit,
             output_truncated=capture.truncated,
-            memory_exceeded=exit_code not in (None, 0) and _died_of_memory_error(stderr),
+            memory_exceeded=_memory_exceeded(exit_code, sig, stderr, usage, self.limits),
             wall_s=wall,
+            peak_memory_bytes=usage.peak_memory_bytes,
+            peak_processes=usage.peak_processes,
         )
 
 
@@ -229,6 +282,16 @@ def _read_text(path: str) -> str:
             return fh.read()
     except FileNotFoundError:
         return ""
+
+
+def _memory_exceeded(exit_code: int | None, sig: int | None, stderr: str, usage: TreeUsage,
+                     limits: SandboxLimits) -> bool:
+    """The run failed for lack of memory: a ``MemoryError`` (RLIMIT_AS), or its tree reached the cgroup's cap."""
+    if exit_code not in (None, 0) and _died_of_memory_error(stderr):
+        return True
+    failed = sig is not None or exit_code != 0
+    peak = usage.peak_memory_bytes
+    return failed and peak is not None and peak >= limits.memory_bytes - _CAP_SLACK_BYTES
 
 
 def _died_of_memory_error(stderr: str) -> bool:
