@@ -38,6 +38,10 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
                           "scored from the first"),
         ("kept_frac", "dynamic sampling (algo.filter_groups): share of sampled groups kept for training"),
         ("filtered_group_frac", "dynamic sampling: share of sampled groups dropped by algo.filter_range"),
+        ("nonfinite_groups", "groups holding a reward that is NaN or infinite, left out of the step whole (their "
+                             "rows unscored)"),
+        ("rows_nonfinite", "kept rows the learner left out because an input (advantage, sampler or teacher "
+                           "logprob) was NaN or infinite"),
         ("rollout_rounds", "rollout rounds the iteration sampled (more than 1 when dynamic sampling refills the "
                            "batch)"),
         ("inbox_groups", "groups taken from the run folder's inbox/ (an outside producer's rollouts)"),

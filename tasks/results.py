@@ -228,6 +228,7 @@ def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, e
         "samplers_lost": sum(r.samplers_lost for r in rollouts),
         "samplers_replaced": sync.samplers_replaced, "samplers_out": sync.samplers_out,
         "filtered_group_frac": scored.metric("filtered_group_frac"),
+        "nonfinite_groups": scored.metric("nonfinite_groups"), "rows_nonfinite": train.metrics.get("rows_nonfinite"),
         "time_rollout_s": times.rollout_s, "time_score_s": scored.seconds,
         "sync_tensors_checked": sync.tensors_checked,
         **sync_gap_columns(sync.gap),

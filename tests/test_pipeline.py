@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pyarrow as pa
 import pytest
@@ -81,6 +82,36 @@ def test_unscored_rows_leave_the_group_baseline_alone_and_are_not_kept():
     assert out.column("kept").to_pylist() == [True, True, False, True]
     adv = torch.tensor(out.column("advantage").to_pylist())
     assert abs(float(adv.mean())) < 1e-6 and adv[0] > 0 > adv[1]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1e308])
+def test_a_group_whose_reward_is_not_finite_or_overflows_is_left_out_whole_and_counted(bad):
+    """Issue 53: four episodes finished with 1e308 (finite) made the group's advantages NaN and killed the run. A
+    group holding a NaN, an infinity or a reward whose statistics overflow is left out whole (unscored, advantage
+    0, counted in nonfinite_groups); the other groups train as before."""
+    cfg = build_config({"model": {"path": "m"}, "data": {"train_path": "t"},
+                        "rollout": {"prompts_per_iteration": 2, "samples_per_prompt": 4}})
+    good = [1.0, 0.0, 1.0, 0.0]
+    out, metrics = add_advantages(_scored_table(good + [bad, bad, bad, 0.0], acc=good + [1.0, 1.0, 1.0, 0.0]), cfg)
+    assert out.column("kept").to_pylist() == [True] * 4 + [False] * 4
+    adv = out.column("advantage").to_pylist()
+    assert all(math.isfinite(a) for a in adv) and adv[4:] == [0.0] * 4
+    alone, _ = add_advantages(_scored_table(good), build_config({"model": {"path": "m"}, "data": {"train_path": "t"},
+                              "rollout": {"prompts_per_iteration": 1, "samples_per_prompt": 4}}))
+    assert adv[:4] == alone.column("advantage").to_pylist()  # the good group as if it were alone
+    assert metrics["nonfinite_groups"] == 1.0 and all(math.isfinite(v) for v in metrics.values())
+
+
+def test_the_learner_leaves_out_rows_whose_inputs_are_not_finite():
+    """What reaches the learner with a NaN or an infinity (an advantage, a sampler logprob, a teacher's) is cleared
+    from the loss mask and counted, at any depth of per-token lists; absent values are no fault."""
+    from grpo_core.train.batch import finite_rows
+
+    nan, inf = float("nan"), float("inf")
+    kept, cleared = finite_rows([True, True, True, False, True], [0.5, nan, 0.1, nan, 0.2],
+                                [[-0.1, -0.2], [-0.3], [-inf], [-0.1], None], None,
+                                [None, None, None, None, [[-0.5, nan]]])
+    assert kept == [True, False, False, False, False] and cleared == 3  # row 3 was not kept: not counted
 
 
 def test_overlong_filter_masks_truncated_rows():

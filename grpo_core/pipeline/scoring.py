@@ -5,6 +5,7 @@ of the loss and does not move its group's baseline. Rows are never dropped: filt
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pyarrow as pa
@@ -56,15 +57,26 @@ def with_rewards(table: pa.Table, results: list[RewardResult]) -> pa.Table:
 
 def group_rewards(table: pa.Table, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, G] rewards (unscored rows filled with their group's mean, so they leave the baseline alone) and the
-    [N, G] mask of scored rows. Rows must be ordered by group then sample, as the rollout stage writes them."""
+    [N, G] mask of scored rows. Rows must be ordered by group then sample, as the rollout stage writes them.
+    A group holding a reward that is NaN or infinite is left out whole (every row unscored): its statistics
+    cannot be computed, and that stops the group, not the run (``nonfinite_groups`` counts them)."""
     rewards = table.column("reward").to_pylist()
     if len(rewards) % group_size:
         raise ValueError(f"{len(rewards)} rows do not form groups of {group_size}")
-    scored = torch.tensor([r is not None for r in rewards]).view(-1, group_size)
-    values = torch.tensor([0.0 if r is None else float(r) for r in rewards], dtype=torch.float64).view(-1, group_size)
+    finite = torch.tensor([r is None or math.isfinite(r) for r in rewards]).view(-1, group_size).all(dim=1)
+    scored = torch.tensor([r is not None for r in rewards]).view(-1, group_size) & finite.unsqueeze(1)
+    values = torch.tensor([0.0 if r is None or not math.isfinite(r) else float(r) for r in rewards],
+                          dtype=torch.float64).view(-1, group_size)
     counts = scored.sum(dim=1, keepdim=True).clamp(min=1)
     fill = (values * scored).sum(dim=1, keepdim=True) / counts
     return torch.where(scored, values, fill), scored
+
+
+def nonfinite_groups(table: pa.Table, group_size: int) -> int:
+    """How many groups hold a reward that is NaN or infinite (left out of the step whole by ``group_rewards``)."""
+    bad = {i // group_size for i, r in enumerate(table.column("reward").to_pylist())
+           if r is not None and not math.isfinite(r)}
+    return len(bad)
 
 
 def group_success(table: pa.Table, group_size: int) -> torch.Tensor | None:
@@ -79,7 +91,7 @@ def add_advantages(table: pa.Table, cfg: GRPOConfig) -> tuple[pa.Table, dict[str
     """Soft overlong shaping, advantages, and the kept mask (unscored rows, overlong filter)."""
     algo, g = cfg.algo, cfg.rollout.samples_per_prompt
     rewards, scored = group_rewards(table, g)
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = {"nonfinite_groups": float(nonfinite_groups(table, g))}
     if algo.soft_overlong:
         lengths = torch.tensor(table.column("response_length").to_pylist(), dtype=torch.float64)
         penalty, m = soft_overlong_penalty(lengths, cfg.rollout.max_new_tokens, algo.soft_overlong_cache_length,
@@ -87,6 +99,15 @@ def add_advantages(table: pa.Table, cfg: GRPOConfig) -> tuple[pa.Table, dict[str
         rewards = rewards + penalty.view(-1, g)
         metrics.update(m)
     advantages, m = compute_advantages(rewards, algo.advantage_estimator, algo.advantage_scale)
+    # Finite rewards whose statistics overflow (1e308 in a plugin's reward: the group's sum is inf) or whose
+    # advantages do not fit the float32 the learner trains on: that group is left out whole, like a NaN reward, and
+    # the advantages and their metrics computed again without it.
+    overflow = ~torch.isfinite(advantages.float()).all(dim=1)
+    if bool(overflow.any()):
+        rewards = torch.where(overflow.unsqueeze(1), torch.zeros_like(rewards), rewards)
+        scored = scored & ~overflow.unsqueeze(1)
+        metrics["nonfinite_groups"] += float(overflow.sum())
+        advantages, m = compute_advantages(rewards, algo.advantage_estimator, algo.advantage_scale)
     metrics.update(m)
     kept = scored.reshape(-1).clone()
     if algo.overlong_filter:

@@ -22,7 +22,7 @@ from grpo_core.data.schemas import RESPONSE_MASK, TEACHER_TOP_IDS, TEACHER_TOP_L
 from grpo_core.netaddr import listening_socket
 from grpo_core.results import CheckpointStarted, FinalPolicy, Restored, TrainStep
 from grpo_core.storage import RunStore
-from grpo_core.train.batch import pack_batch
+from grpo_core.train.batch import finite_rows, pack_batch
 from grpo_core.train.learner import Learner, LearnerSpec
 from grpo_core.weights_digest import Receipt, WeightsDigest
 from grpo_core.weights.files import FilesTransport
@@ -151,9 +151,11 @@ class LearnerRole:
                             + ([TEACHER_TOP_IDS, TEACHER_TOP_LOGPROBS] if top_k else []))
         data = cols.to_pydict()
         sampled = table.column("sampler_logprobs").null_count < table.num_rows  # null: SFT's conversations
+        kept, nonfinite = finite_rows(data["kept"], data["advantage"], data["sampler_logprobs"] if sampled else None,
+                                      data.get(TOKEN_ADVANTAGE), data.get(TEACHER_TOP_LOGPROBS))
         batch = pack_batch(data["prompt_token_ids"], data["response_token_ids"],
                            data["sampler_logprobs"] if sampled else None,
-                           data["advantage"], data["kept"], self.pad_id,
+                           data["advantage"], kept, self.pad_id,
                            response_masks=_masks(data) if episodes else None,
                            token_advantages=data[TOKEN_ADVANTAGE] if per_token else None,
                            teacher_top=(data[TEACHER_TOP_IDS], data[TEACHER_TOP_LOGPROBS]) if top_k else None)
@@ -161,7 +163,7 @@ class LearnerRole:
         if self.cfg.algo.kl_in_reward:
             batch.advantages, extra = self._kl_shaped_advantages(batch, table.column("shaped_reward").to_pylist())
         metrics = self.learner.train_step(batch, rank=self.learner_rank, world_size=self.cfg.cluster.learners)
-        metrics.update(extra)
+        metrics.update(extra, rows_nonfinite=float(nonfinite))
         step = TrainStep(metrics, self.learner.version)
         self._last_train = (iteration, step)
         return step

@@ -163,6 +163,32 @@ def equal_counts(plans: list[list[list[int]]]) -> list[list[list[int]]]:
     return out
 
 
+def finite_rows(kept: list[bool], *columns: list | None) -> tuple[list[bool], int]:
+    """``kept`` with every row cleared that holds a NaN or an infinity in one of ``columns`` (each a list with one
+    entry per row: a number, a list of numbers, or a list of lists; None, whole or for a row: absent), and how many
+    kept rows that cleared. A non-finite input would make the whole step's loss NaN and the weights with it: it
+    stops that row, not the run."""
+    bad = np.zeros(len(kept), dtype=bool)
+    for column in columns:
+        if column is not None:
+            bad |= _rows_not_finite(column)
+    cleared = int((bad & np.asarray(kept, dtype=bool)).sum())
+    return [k and not b for k, b in zip(kept, bad.tolist())], cleared
+
+
+def _rows_not_finite(column: list) -> np.ndarray:
+    """[B] bool: the rows of ``column`` holding a NaN or an infinity, however deep their lists (one pass in numpy)."""
+    values = [() if v is None else v for v in column]  # an absent value: an empty list, nothing to check
+    if any(isinstance(v, (list, tuple)) for v in values):  # one level of nesting at a time, rows kept apart
+        as_lists = [v if isinstance(v, (list, tuple)) else (v,) for v in values]
+        lengths = np.fromiter((len(v) for v in as_lists), dtype=np.int64, count=len(as_lists))
+        inner = _rows_not_finite(list(chain.from_iterable(as_lists)))
+        bad_before = np.concatenate([[0], np.cumsum(inner)])
+        ends = np.cumsum(lengths)
+        return (bad_before[ends] - bad_before[ends - lengths]) > 0
+    return ~np.isfinite(np.fromiter(values, dtype=np.float64, count=len(values)))
+
+
 def pack_batch(prompts: list[list[int]], responses: list[list[int]], sampler_logprobs: list[list[float]] | None,
                advantages: list[float], row_mask: list[bool], pad_id: int,
                response_masks: list[list[int]] | None = None,
