@@ -8,6 +8,7 @@ import re
 import threading
 import time
 
+import pyarrow.parquet as pq
 import pytest
 
 from grpo_core.storage import RunStore
@@ -58,7 +59,22 @@ def _agent(store: RunStore, served: dict[str, list[int]], stop: threading.Event,
             return
 
 
+def _hostile(store: RunStore, attempts: list, stop: threading.Event, errors: list[str]) -> None:
+    """Issue 53's findings, each one request, sent while the run trains (tests/hostile_client.py)."""
+    from tests.hostile_client import attack, wait_for_endpoint
+
+    doc = wait_for_endpoint(store, stop)
+    if doc is None:
+        return
+    try:
+        attack(doc, attempts, context_tokens=96 + 16)
+    except Exception as exc:  # noqa: BLE001 - a connection the endpoint dropped is its failure
+        errors.append(f"hostile client: {exc!r}")
+
+
 def test_an_outside_agent_drives_training_through_the_endpoint(tiny_model, tmp_path, prefect_harness, monkeypatch):
+    """... while a hostile but authorised client sends, one by one, every request that once took a run down (issue
+    53): each is refused at the door with the field named (or kept as rejected), and the run trains on to its end."""
     from flows.grpo_train import grpo_train
 
     monkeypatch.delenv("GRPO_ENDPOINT_TOKEN", raising=False)  # the run makes a token and writes it down
@@ -71,16 +87,29 @@ def test_an_outside_agent_drives_training_through_the_endpoint(tiny_model, tmp_p
     errors: list[str] = []
     stop = threading.Event()
     agent = threading.Thread(target=_agent, args=(store, served, stop, errors), daemon=True)
+    attempts: list = []
+    hostile = threading.Thread(target=_hostile, args=(store, attempts, stop, errors), daemon=True)
     agent.start()
+    hostile.start()
     try:
         grpo_train(config=cfg)
     finally:
         stop.set()
         agent.join(timeout=60)
+        hostile.join(timeout=60)
     doc = json.loads((tmp_path / "outside" / "endpoint.json").read_text())
     assert doc["token"] and (tmp_path / "outside" / "endpoint.json").stat().st_mode & 0o077 == 0
     assert not errors, errors
     assert store.get_json_file("status.json")["state"] == "finished"
+    # every hostile request answered as the door says, none a 500; the run trained all its iterations meanwhile
+    assert len(attempts) == 22, [a.name for a in attempts]
+    assert all(a.held() for a in attempts), [(a.name, a.status, a.body) for a in attempts if not a.held()]
+    finishes = [a.body for a in attempts if a.name.startswith("a group of mixed prompts")]
+    assert [f["group_rejected"] is None for f in finishes] == [True, True, True, False]
+    why = finishes[-1]["group_rejected"]
+    assert why["field"] == "prompt_token_ids" and "starts from another prompt" in why["error"]
+    kept = tmp_path / "outside" / "inbox" / "rejected" / f"{why['item']}.parquet"
+    assert len(pq.read_table(kept)) == 4  # all four episodes kept, none lost
     rows = [r for r in store.read_metrics().to_pylist() if r["iteration"] < 8]
     taken = [k for k, r in enumerate(rows) if r["inbox_groups"]]
     assert taken, [r["inbox_groups"] for r in rows]
