@@ -55,13 +55,6 @@ def _cmd_model_tiny(args: argparse.Namespace) -> int:
     return _built(args, metrics)
 
 
-def _cmd_model_tiny_base(args: argparse.Namespace) -> int:
-    from grpo_core.model.tiny_base import build_tiny_base
-
-    metrics = build_tiny_base(args.out, train_path=args.train, seed=args.seed)
-    return _built(args, metrics)
-
-
 def _cmd_model_tiny_tools(args: argparse.Namespace) -> int:
     from grpo_core.model.tiny_tools import build_tiny_tools
 
@@ -350,12 +343,6 @@ def _add_model_commands(sub: Any) -> None:
     t.add_argument("--train", default="data/code/train.jsonl")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=_cmd_model_tiny, task="code")
-    t = msub.add_parser("tiny-base", help="build the CPU base policy: the tiny Qwen2 warmed up on a family of short "
-                                          "arithmetic forms (data/arith-forms), one form held out for GRPO to teach")
-    t.add_argument("--out", required=True)
-    t.add_argument("--train", default="data/arith-forms/train.jsonl")
-    t.add_argument("--seed", type=int, default=0)
-    t.set_defaults(func=_cmd_model_tiny_base)
     t = msub.add_parser("tiny-tools", help="build the CPU tool-use demo policy: the tiny Qwen2 warmed up on the "
                                            "product task (data/tools) to know the calculator's call format")
     t.add_argument("--out", required=True)
