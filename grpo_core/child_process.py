@@ -66,3 +66,14 @@ class ChildProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+def process_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (another user's counts: signal 0 is refused, not unanswered)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -17,6 +17,7 @@ from typing import Any
 import fsspec
 
 from grpo_core import checkpoint
+from grpo_core.child_process import process_exists
 from grpo_core.report import is_trained_row
 from grpo_core.storage import CONFIG, RunStore
 
@@ -78,16 +79,6 @@ def read_status(store: RunStore) -> RunStatus | None:
     return RunStatus(**known)
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @dataclass
 class RunSummary:
     name: str
@@ -105,7 +96,7 @@ class RunSummary:
 def effective_state(status: RunStatus | None) -> str:
     if status is None:
         return "unknown"
-    if status.state == "running" and status.host == socket.gethostname() and not _process_alive(status.pid):
+    if status.state == "running" and status.host == socket.gethostname() and not process_exists(status.pid):
         return "interrupted"
     return status.state
 

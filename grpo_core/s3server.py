@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_core.child_process import die_with_parent as _set_death_signal
-from grpo_core.storage.private_file import write_private
+from grpo_core.storage.atomic_file import write_private
 
 HOST = "127.0.0.1"
 # weed mini's plugin worker dials the admin gRPC port at admin.port + 10000 whatever

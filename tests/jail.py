@@ -41,3 +41,21 @@ def jailed_processes(timeout_s: float = 15.0) -> list[int]:
         if not pids or time.monotonic() > deadline:
             return pids
         time.sleep(0.05)
+
+
+def fork_bomb(tries: int, hold_s: int = 0) -> str:
+    """A program that forks up to ``tries`` children (each sleeps 60 s), counting the forks that succeeded, prints
+    ``forked N``, then holds its children ``hold_s`` seconds."""
+    return ("import os, time\n"
+            "n = 0\n"
+            f"for _ in range({tries}):\n"
+            "    try:\n"
+            "        pid = os.fork()\n"
+            "    except OSError:\n"
+            "        continue\n"
+            "    if pid == 0:\n"
+            "        time.sleep(60)\n"
+            "        os._exit(0)\n"
+            "    n += 1\n"
+            "print('forked', n, flush=True)\n"
+            + (f"time.sleep({hold_s})\n" if hold_s else ""))

@@ -155,12 +155,15 @@ def _atropos_config(model: str, root: str, name: str, iterations: int) -> dict:
 
 def test_an_atropos_environment_drives_a_run_that_resumes_after_sigkill_training_each_group_once(
         run_api, tiny_model, tmp_path, prefect_harness):
-    from tests.cli_runs import kill_tree, run_cli_to_end, start_cli, wait_listed
+    from tests.cli_runs import kill_tree, run_cli_to_end, start_cli, wait_committed, wait_listed
 
     cfg = _atropos_config(tiny_model, str(tmp_path / "runs"), "atropos", iterations=5)
     store = RunStore(cfg["storage"]["root"], "atropos")
     proc, log = start_cli(cfg, tmp_path, "first")
     wait_listed(store, 2, "inbox.parquet", proc, log)
+    # with max_staleness 1 iteration 2 can take its groups while iteration 0's checkpoint is still being written (CI
+    # once killed it there, and the resumed run rightly started over): the kill waits for a committed checkpoint too
+    wait_committed(store, proc, log)
     killed = kill_tree(proc)
     assert killed > 3  # the flow, Ray's processes, the API server and the environment, all gone
     committed_before = {it for it in range(5) if store.entry(it, "inbox.parquet") is not None}

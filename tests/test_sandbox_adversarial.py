@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from grpo_core.sandbox import Sandbox, SandboxLimits, SandboxUnavailable, check_tests
-from tests.jail import jailed_processes
+from tests.jail import fork_bomb, jailed_processes
 
 # 300 s: a test may first wait for another module's jails to end (tests/jail.py)
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("jail_to_ourselves")]
@@ -142,21 +142,7 @@ def test_cannot_see_host_processes(sandbox: Sandbox) -> None:
 
 
 def test_fork_bomb_is_contained(sandbox: Sandbox) -> None:
-    program = (
-        "import os, time\n"
-        "n = 0\n"
-        "for _ in range(1500):\n"
-        "    try:\n"
-        "        pid = os.fork()\n"
-        "    except OSError:\n"
-        "        continue\n"
-        "    if pid == 0:\n"
-        "        time.sleep(60)\n"
-        "        os._exit(0)\n"
-        "    n += 1\n"
-        "print('forked', n, flush=True)\n"
-        "time.sleep(60)\n"
-    )
+    program = fork_bomb(1500, hold_s=60)
     limits = SandboxLimits(cpu_time_s=2, wall_time_s=6, max_processes=32)  # room to finish 1500 tries under load
     result = Sandbox(limits).run(program)
     assert result.stdout.startswith("forked "), result

@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from grpo_core.sandbox import Sandbox, SandboxLimits, SandboxUnavailable, TreeCaps, detect_tree_caps, memory_budget
+from grpo_core.sandbox import Sandbox, SandboxLimits, TreeCaps, detect_tree_caps, memory_budget
 from grpo_core.sandbox.cgroups import RUN_PREFIX, run_cgroups
 from grpo_core.sandbox.limits import GIB, MIB, machine_memory_bytes
-from tests.jail import jailed_processes
+from tests.jail import fork_bomb, jailed_processes
 
 # 300 s: a test may first wait for another module's jails to end (tests/jail.py)
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("jail_to_ourselves")]
@@ -49,13 +49,43 @@ for pid in kids:
 """
 
 
-def _capped_sandbox(limits: SandboxLimits) -> Sandbox:
+def _host_mounts_a_memory_cgroup() -> bool:
+    """Read apart from the code under test: whether this host mounts a cgroup memory controller at all (v1's
+    ``memory`` hierarchy, or a v2 hierarchy offering ``memory``). Only a host without one may go uncapped."""
     try:
-        sandbox = Sandbox(limits)
-    except SandboxUnavailable as exc:
-        pytest.skip(f"nsjail cannot run here: {exc}")
-    if not sandbox.tree_caps.capped:
-        pytest.skip(f"no cgroup can cap a run's tree on this host: {sandbox.tree_caps.reason}")
+        mounts = [line.split() for line in open("/proc/mounts")]
+    except OSError:
+        return False
+    for _dev, where, kind, options, *_ in mounts:
+        if kind == "cgroup" and "memory" in options.split(","):
+            return True
+        if kind == "cgroup2" and "memory" in _read(os.path.join(where, "cgroup.controllers")).split():
+            return True
+    return False
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def _tree_caps_or_skip(caps: TreeCaps) -> None:
+    """A host that mounts no memory cgroup cannot cap a tree (a reason to skip); one that does must be capped, so a
+    detection that broke fails here instead of skipping."""
+    if caps.capped:
+        return
+    if _host_mounts_a_memory_cgroup():
+        pytest.fail(f"this host mounts a memory cgroup, yet no run's tree is capped: {caps.reason}")
+    pytest.skip(f"this host mounts no cgroup memory controller: {caps.reason}")
+
+
+def _capped_sandbox(limits: SandboxLimits) -> Sandbox:
+    """nsjail must run here as the rest of the sandbox tests need it (root on Linux); its absence is a failure."""
+    sandbox = Sandbox(limits)
+    _tree_caps_or_skip(sandbox.tree_caps)
     return sandbox
 
 
@@ -127,20 +157,7 @@ def test_tmpfs_files_count_toward_the_cap_and_mark_the_run_memory_exceeded() -> 
 def test_fork_bomb_stops_at_the_process_cap() -> None:
     limits = SandboxLimits(cpu_time_s=2, wall_time_s=6, max_processes=12)
     sandbox = _capped_sandbox(limits)
-    program = (
-        "import os, time\n"
-        "n = 0\n"
-        "for _ in range(500):\n"
-        "    try:\n"
-        "        pid = os.fork()\n"
-        "    except OSError:\n"
-        "        continue\n"
-        "    if pid == 0:\n"
-        "        time.sleep(60)\n"
-        "        os._exit(0)\n"
-        "    n += 1\n"
-        "print('forked', n, flush=True)\n"
-    )
+    program = fork_bomb(500)
     result = sandbox.run(program)
     assert result.stdout.startswith("forked "), result
     forked = int(result.stdout.split()[1])
@@ -203,8 +220,7 @@ def test_run_cgroups_are_removed_after_every_kind_of_end() -> None:
 
 def test_run_cgroups_of_a_dead_process_are_swept() -> None:
     caps = detect_tree_caps()
-    if not caps.capped:
-        pytest.skip(f"no cgroup can cap a run's tree on this host: {caps.reason}")
+    _tree_caps_or_skip(caps)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
     ns = os.stat("/proc/self/ns/pid").st_ino
@@ -300,8 +316,7 @@ def test_default_limits_fit_the_machine_only_with_the_tree_cap() -> None:
 
 def test_too_many_concurrent_runs_for_the_machine_is_a_clear_error() -> None:
     caps = detect_tree_caps()
-    if not caps.capped:
-        pytest.skip(f"no cgroup can cap a run's tree on this host: {caps.reason}")
+    _tree_caps_or_skip(caps)
     limits = SandboxLimits()
     too_many = math.ceil(machine_memory_bytes() / limits.memory_bytes) + 1
     with pytest.raises(ValueError, match=r"sandbox memory: .*memory_mb.*reward.num_workers"):

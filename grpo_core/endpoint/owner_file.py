@@ -1,10 +1,10 @@
 """A file of the run folder only its owner may read (``endpoint.json``: it holds the endpoint's bearer token): on a
-local disk it is 0600 from its first byte (``grpo_core.storage.private_file``). On an object store (no file modes)
+local disk it is 0600 from its first byte (``grpo_core.storage.atomic_file``). On an object store (no file modes)
 it is written as any run file, readable by whoever can read the bucket."""
 from __future__ import annotations
 
 from grpo_core.storage import RunStore
-from grpo_core.storage.private_file import write_private
+from grpo_core.storage.atomic_file import write_private
 
 
 def write_owner_only(store: RunStore, rel_path: str, data: bytes) -> None:

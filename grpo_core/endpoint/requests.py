@@ -250,17 +250,18 @@ UNSERVED = {"stream": False, "tools": [], "functions": [], "response_format": {"
 
 
 @dataclass(frozen=True)
-class SamplingFields:
-    """A call's sampling fields as checked; ``max_tokens`` as asked (the endpoint clamps it to the room left)."""
+class SamplingRequest:
+    """One call's sampling settings as the door checked them, applied as given (``grpo_core.endpoint.sampling``)."""
     n: int
     max_tokens: int
-    temperature: float
+    temperature: float  # 0: greedy
     top_p: float
     seed: int | None
 
 
-def sampling_fields(body: dict, max_tokens: int, temperature: float, top_p: float) -> SamplingFields:
-    """The sampling fields of a completion, chat or ``/generate`` call (the defaults: the run's). Stop sequences are
+def sampling_fields(body: dict, max_tokens: int, temperature: float, top_p: float) -> SamplingRequest:
+    """The sampling fields of a completion, chat or ``/generate`` call (the defaults: the run's; ``max_tokens`` as
+    asked: the endpoint clamps it to the room left in the context). Stop sequences are
     refused, not bounded: the policy stops at its end-of-turn token or ``max_tokens``, and a stop string would cut
     an answer inside the tokens it was sampled as."""
     for name, neutral in UNSERVED.items():
@@ -271,9 +272,9 @@ def sampling_fields(body: dict, max_tokens: int, temperature: float, top_p: floa
                            "max_tokens", param="stop", code="unsupported_parameter")
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     n = number(body, "n", 1, int, 1, MAX_N)
-    return SamplingFields(n=n, max_tokens=number(body, key, max_tokens, int, 1, None),
-                          temperature=number(body, "temperature", temperature, float, 0.0, 2.0),
-                          top_p=number(body, "top_p", top_p, float, 1e-6, 1.0), seed=seed(body, n))
+    return SamplingRequest(n=n, max_tokens=number(body, key, max_tokens, int, 1, None),
+                           temperature=number(body, "temperature", temperature, float, 0.0, 2.0),
+                           top_p=number(body, "top_p", top_p, float, 1e-6, 1.0), seed=seed(body, n))
 
 
 def episode_id(body: dict, headers: dict[str, str]) -> str | None:

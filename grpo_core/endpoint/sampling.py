@@ -1,19 +1,10 @@
 """One call of the policy endpoint on one engine: the caller's sampling settings, applied as given."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from grpo_core.endpoint.requests import SamplingRequest
 from grpo_core.rollout.sampler import Sample
-
-
-@dataclass(frozen=True)
-class SamplingRequest:
-    n: int
-    max_tokens: int
-    temperature: float  # 0: greedy
-    top_p: float
-    seed: int | None
 
 
 def sample_once(engine: Any, prompt_ids: list[int], request: SamplingRequest) -> list[Sample]:

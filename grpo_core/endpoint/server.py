@@ -26,7 +26,7 @@ import secrets
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
 from grpo_core.endpoint import requests as door
@@ -127,8 +127,7 @@ class PolicyEndpoint:
             raise door.context_exceeded(param, len(plan.prompt_ids), self.policy.max_model_len)
         if plan.episode_id is not None and fields.n != 1:
             raise RequestError("an episode's call has one answer (n=1): start one episode per sample", param="n")
-        return SamplingRequest(n=fields.n, max_tokens=min(fields.max_tokens, room), temperature=fields.temperature,
-                               top_p=fields.top_p, seed=fields.seed)
+        return replace(fields, max_tokens=min(fields.max_tokens, room))
 
     def _run(self, plan: TurnPlan, request: SamplingRequest) -> tuple[list[Sample], int]:
         self.gate.wait(self.settings.wait_s)

@@ -63,7 +63,7 @@ def group_rewards(table: pa.Table, group_size: int) -> tuple[torch.Tensor, torch
     rewards = table.column("reward").to_pylist()
     if len(rewards) % group_size:
         raise ValueError(f"{len(rewards)} rows do not form groups of {group_size}")
-    finite = torch.tensor([r is None or math.isfinite(r) for r in rewards]).view(-1, group_size).all(dim=1)
+    finite = _finite_groups(rewards, group_size)
     scored = torch.tensor([r is not None for r in rewards]).view(-1, group_size) & finite.unsqueeze(1)
     values = torch.tensor([0.0 if r is None or not math.isfinite(r) else float(r) for r in rewards],
                           dtype=torch.float64).view(-1, group_size)
@@ -72,11 +72,14 @@ def group_rewards(table: pa.Table, group_size: int) -> tuple[torch.Tensor, torch
     return torch.where(scored, values, fill), scored
 
 
+def _finite_groups(rewards: list[float | None], group_size: int) -> torch.Tensor:
+    """[N] bool: the groups none of whose rewards is NaN or infinite (a null reward is unscored, not a fault)."""
+    return torch.tensor([r is None or math.isfinite(r) for r in rewards]).view(-1, group_size).all(dim=1)
+
+
 def nonfinite_groups(table: pa.Table, group_size: int) -> int:
     """How many groups hold a reward that is NaN or infinite (left out of the step whole by ``group_rewards``)."""
-    bad = {i // group_size for i, r in enumerate(table.column("reward").to_pylist())
-           if r is not None and not math.isfinite(r)}
-    return len(bad)
+    return int((~_finite_groups(table.column("reward").to_pylist(), group_size)).sum())
 
 
 def group_success(table: pa.Table, group_size: int) -> torch.Tensor | None:

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
+from grpo_core.child_process import process_exists
 from grpo_core.sandbox.nsjail import SandboxUnavailable
 
 logger = logging.getLogger(__name__)
@@ -353,18 +354,10 @@ def sweep_stale_run_cgroups(caps: TreeCaps) -> list[str]:
     for base in sorted(b for b in bases if b is not None):
         for path in _subdirs(base):
             match = _RUN_NAME.match(os.path.basename(path))
-            if match is None or int(match.group(1)) != namespace or _process_exists(int(match.group(2))):
+            if match is None or int(match.group(1)) != namespace or process_exists(int(match.group(2))):
                 continue
             if remove_cgroup_tree(path, timeout_s=0.5):
                 removed.append(path)
     return removed
 
 
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

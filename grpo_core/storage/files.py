@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from grpo_core.storage.atomic_file import write_atomically
 from grpo_core.storage.errors import StorageError
 
 
@@ -85,23 +86,7 @@ class RunFolder:
     def _write_atomic(self, path: str, data: bytes) -> None:
         """Write ``data`` so that ``path`` holds either the old content or all of the new."""
         if self._local:
-            parent = posixpath.dirname(path)
-            os.makedirs(parent, exist_ok=True)
-            # os.open with 0o666 (not mkstemp's 0o600) so the file gets the usual umask permissions.
-            tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except FileNotFoundError:
-                    pass
-                raise
+            write_atomically(path, data)  # the usual umask permissions (not mkstemp's 0o600)
         else:
             self._fs.pipe_file(path, data)
             self._refresh(posixpath.dirname(path))
