@@ -23,7 +23,9 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _run_flow_command(args: argparse.Namespace, flow) -> int:
+    from grpo_core import lineage
     from grpo_core.config import RESUME_SAFE_FIELDS, check_model_folder, load_config, upgrade_stored_config
+    from grpo_core.config_sections import CHAMPION
     from grpo_core.storage import RunStore
 
     if args.verbose:
@@ -33,6 +35,8 @@ def _run_flow_command(args: argparse.Namespace, flow) -> int:
     store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
     if store.read_config() is not None:  # a resume: refuse a changed config before anything starts
         store.check_config(cfg.recorded(), may_change=RESUME_SAFE_FIELDS, upgrade=upgrade_stored_config)
+    elif cfg.model.init_from == CHAMPION:  # a new run reads the registry first: one line if it cannot be read
+        lineage.resolve(CHAMPION, cfg.storage.root, cfg.storage.options, cfg.run_name, cfg.registry)
     # A templated run_name ({date}, {time}) is expanded once, here: the flow gets the name itself.
     result = flow(config_path=args.config, overrides=[*args.set, f"run_name={cfg.run_name}"])
     return 0 if result else 1

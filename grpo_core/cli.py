@@ -480,11 +480,12 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     args = (parser or build_parser()).parse_args(argv)
     from grpo_core.config import ConfigError
     from grpo_core.data.readers import DataError
+    from grpo_core.lineage import InitFromError
     from grpo_core.storage import ConfigConflict
 
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, DataError, ConfigConflict) as err:
+    except (ConfigError, DataError, ConfigConflict, InitFromError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -59,9 +59,12 @@ class InitSource:
 
 def _champion(root: str, registry: "RegistryConfig | None", storage_options: dict | None) -> InitSource:
     from grpo_core.config import RegistryConfig
-    from grpo_core.registry import open_registry
+    from grpo_core.registry import RegistryUnavailable, open_registry
 
-    champion = open_registry(registry or RegistryConfig(), root, storage_options).champion()
+    try:
+        champion = open_registry(registry or RegistryConfig(), root, storage_options).champion()
+    except RegistryUnavailable as err:  # corrupt too: never read as "no champion yet", which would start over
+        raise InitFromError(f"model.init_from=champion: the registry cannot be read: {err}") from err
     if champion is None:
         return InitSource(CHAMPION, None, None, None, None)
     if champion.root.rstrip("/") != root.rstrip("/"):

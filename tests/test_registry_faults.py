@@ -391,3 +391,28 @@ def test_serving_a_champion_whose_run_folder_is_gone_says_so(tmp_path, monkeypat
 def test_storage_options_that_are_no_options_are_one_line(tmp_path, options, says):
     out = _cli(["registry", "show", "--kind", "folder", "--root", str(tmp_path), "--storage-options", options])
     assert out.rc == 2 and out.stdout == "" and len(out.stderr.splitlines()) == 1 and says in out.stderr, out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_new_run_from_the_champion_of_a_registry_that_is_no_registry_is_one_line(seeded, tmp_path, kind, tiny_model):
+    """`grpo train` with model.init_from=champion reads the registry before Prefect or Ray start: a store that is not
+    a registry is a one-line refusal naming it (it used to be a traceback from inside the flow run), nothing made."""
+    import yaml
+
+    from grpo_cli.main import main as grpo_train_cli
+    from tests.conftest import tiny_config
+
+    root = _copy(seeded[kind], tmp_path)
+    store = Path(registry_uri(RegistryConfig(kind=kind), str(root)).removeprefix("sqlite:///"))
+    if kind == "folder":
+        store = store / "registry.json"
+    store.write_bytes(b"")
+    config = tmp_path / "night.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(tiny_model, str(root), run_name="night", registry={"kind": kind},
+                                                 model={"path": tiny_model, "init_from": "champion"})))
+    err = io.StringIO()
+    with redirect_stderr(err):
+        rc = grpo_train_cli(["train", "--config", str(config)])
+    assert rc == 2 and len(err.getvalue().splitlines()) == 1, err.getvalue()
+    assert "model.init_from=champion" in err.getvalue() and str(store) in err.getvalue(), err.getvalue()
+    assert not (root / "night").exists()
