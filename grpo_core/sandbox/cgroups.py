@@ -359,5 +359,3 @@ def sweep_stale_run_cgroups(caps: TreeCaps) -> list[str]:
             if remove_cgroup_tree(path, timeout_s=0.5):
                 removed.append(path)
     return removed
-
-

@@ -9,22 +9,23 @@ from __future__ import annotations
 
 import os
 import uuid
+from contextlib import contextmanager
+from typing import Iterator
 
 OWNER_ONLY = 0o600
 USUAL = 0o666  # the usual permissions, less the umask
 
 
-def write_atomically(path: str | os.PathLike, data: bytes, mode: int = USUAL) -> None:
+@contextmanager
+def replaced_atomically(path: str | os.PathLike) -> Iterator[str]:
+    """A temporary name beside ``path`` for the caller to write; renamed over ``path`` when the block ends, removed
+    if it raises."""
     path = os.fspath(path)
     parent = os.path.dirname(path) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -32,6 +33,15 @@ def write_atomically(path: str | os.PathLike, data: bytes, mode: int = USUAL) ->
         except FileNotFoundError:
             pass
         raise
+
+
+def write_atomically(path: str | os.PathLike, data: bytes, mode: int = USUAL) -> None:
+    with replaced_atomically(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
 
 
 def write_private(path: str | os.PathLike, data: bytes) -> None:

@@ -16,7 +16,6 @@ import json
 import os
 import posixpath
 import shutil
-import uuid
 from typing import Any
 
 import fsspec
@@ -24,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
-from grpo_core.storage.atomic_file import write_atomically
+from grpo_core.storage.atomic_file import replaced_atomically, write_atomically
 from grpo_core.storage.errors import StorageError
 
 
@@ -155,16 +154,8 @@ class RunFolder:
         if self._local:
             if os.path.abspath(local_file) == os.path.abspath(path):
                 return
-            parent = posixpath.dirname(path)
-            os.makedirs(parent, exist_ok=True)
-            tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
-            try:
+            with replaced_atomically(path) as tmp:
                 shutil.copyfile(local_file, tmp)
-                os.replace(tmp, path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
         else:
             self._fs.put_file(local_file, path)
             self._refresh(posixpath.dirname(path))
