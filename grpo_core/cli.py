@@ -324,8 +324,10 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     _add_serving_commands(sub)
     _add_data_commands(sub)
     from grpo_core.registry.commands import add_registry_commands
+    from grpo_core.tinker.command import add_tinker_commands
 
     add_registry_commands(sub)
+    add_tinker_commands(sub)
     return parser
 
 

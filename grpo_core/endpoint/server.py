@@ -337,33 +337,20 @@ class EndpointServer:
     """Serves an endpoint's app with uvicorn on a thread of this process (127.0.0.1 by default)."""
 
     def __init__(self, endpoint: PolicyEndpoint, host: str = "127.0.0.1", port: int = 0):
-        import uvicorn
-
-        from grpo_core.netaddr import listening_socket
+        from grpo_core.app_thread import AppThread
 
         self.endpoint = endpoint
-        self._socket = listening_socket(host, port)
-        self.host, self.port = self._socket.getsockname()[:2]
-        config = uvicorn.Config(endpoint.app(), log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
-                                        name="policy-endpoint", daemon=True)
+        self._served = AppThread(endpoint.app(), host, port, "policy endpoint")
+        self.host, self.port = self._served.host, self._served.port
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
     def start(self, timeout: float = 30.0) -> "EndpointServer":
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the policy endpoint did not start on {self.host}:{self.port}")
-            time.sleep(0.02)
+        self._served.start(timeout)
         return self
 
     def stop(self) -> None:
         self.endpoint.gate.stop("the endpoint is shutting down")
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._socket.close()
+        self._served.stop()

@@ -259,7 +259,7 @@ class VLLMSampler:
         token_lists = [list(c.token_ids) for completions in groups for c in completions]
         texts = iter(self._tokenizer.batch_decode(token_lists, skip_special_tokens=True))
         tokens = iter(token_lists)
-        return [[Sample(token_ids=(ids := next(tokens)), logprobs=_sampled_logprobs(c, ids), text=next(texts),
+        return [[Sample(token_ids=(ids := next(tokens)), logprobs=sampled_logprobs(c, ids), text=next(texts),
                         finish_reason=str(c.finish_reason)) for c in completions] for completions in groups]
 
 
@@ -295,7 +295,7 @@ CPU_PREFIX_BLOCK = 32
 _FAST_LOGPROBS = {"logprobs": 0, "flat_logprobs": True, "detokenize": False}
 
 
-def _sampled_logprobs(completion, token_ids: list[int]) -> list[float]:
+def sampled_logprobs(completion, token_ids: list[int]) -> list[float]:
     """The logprob of each sampled token of one completion (``logprobs=0``: one entry per position, the sampled
     token's)."""
     from vllm.logprobs import FlatLogprobs

@@ -1,0 +1,301 @@
+"""The Tinker-compatible training service driven by the official ``tinker`` SDK, the server a ``grpo tinker serve``
+process on the tiny model: each primitive against the same computation done here with transformers and peft
+(logprobs, the summed loss, the weights after AdamW), LoRA and full fine-tuning, two clients kept apart, a checkpoint
+restored bit for bit after the server was SIGKILLed, and bad requests refused naming the field."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+tinker = pytest.importorskip("tinker")
+from tinker import types  # noqa: E402
+
+PROMPT = "What is 12 + 3?"
+LR = 5e-3
+
+
+def _start(model: str, root: Path) -> subprocess.Popen:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "service.json").unlink(missing_ok=True)
+    env = {**os.environ, "GRPO_TINKER_API_KEY": "tml-test-key"}
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "tinker", "serve", "--model", model, "--root",
+                             str(root), "--port", "0", "--max-lora-rank", "8", "--kv-cache-mb", "64"],
+                            env=env, stdout=open(root / "server.log", "ab"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 240
+    while not (root / "service.json").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the tinker service did not start:\n{(root / 'server.log').read_text()[-3000:]}")
+        time.sleep(0.2)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tinker")
+    proc = _start(tiny_model, root)
+    info = json.loads((root / "service.json").read_text())
+    os.environ["TINKER_API_KEY"] = info["api_key"]
+    os.environ["TINKER_TELEMETRY"] = "0"
+    yield {"proc": proc, "root": root, "url": info["url"], "model": tiny_model}
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with tinker.ServiceClient(base_url=server["url"]) as service_client:
+        yield service_client
+
+
+def _tokenizer(model: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+def _datums(model: str, weighted: bool = True) -> tuple[list[types.Datum], list[list[int]]]:
+    tok = _tokenizer(model)
+    texts = [PROMPT, "What is 40 + 7? 47"]
+    datums, sequences = [], []
+    for k, text in enumerate(texts):
+        ids = tok.encode(text)
+        inputs = {"target_tokens": ids[1:]}
+        if weighted:
+            inputs["weights"] = [0.5 + 0.25 * ((i + k) % 3) for i in range(len(ids) - 1)]
+        datums.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs=inputs))
+        sequences.append(ids)
+    return datums, sequences
+
+
+def _reference(model: str, rank: int, seed: int):
+    """The same model built here, independently: transformers + peft with the seed the client asked for."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+        if rank:
+            net = get_peft_model(net, LoraConfig(r=rank, lora_alpha=32.0, lora_dropout=0.0, bias="none",
+                                                 task_type="CAUSAL_LM",
+                                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                                 "up_proj", "down_proj"]))
+    return net
+
+
+def _logprobs(net, ids: list[int]) -> torch.Tensor:
+    """log p(ids[i+1] | ids[:i+1]), one sequence at a time (no padding)."""
+    x = torch.tensor([ids])
+    logits = net(input_ids=x).logits.float()[0, :-1]
+    return torch.log_softmax(logits, -1).gather(-1, x[0, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def _values(tensor_data) -> list[float]:
+    return [float(v) for v in tensor_data.tolist()]
+
+
+@pytest.mark.parametrize("rank", [8, 0], ids=["lora", "full"])
+def test_forward_backward_and_optim_step_equal_the_same_computation_done_directly(client, server, rank):
+    datums, sequences = _datums(server["model"])
+    trainer = client.create_lora_training_client(base_model=server["model"], rank=rank, seed=11).result()
+    assert trainer.get_info().is_lora == (rank > 0)
+    out = trainer.forward_backward(datums, "cross_entropy").result()
+    net = _reference(server["model"], rank, seed=11)
+    params = [p for p in net.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    total = 0.0
+    for datum, ids, output in zip(datums, sequences, out.loss_fn_outputs):
+        t = _logprobs(net, ids)
+        assert _values(output["logprobs"]) == pytest.approx(t.tolist(), abs=2e-5)
+        w = torch.tensor(datum.loss_fn_inputs["weights"].tolist())
+        loss = -(t * w).sum()
+        loss.backward()
+        total += loss.item()
+    assert out.metrics["loss:sum"] == pytest.approx(total, rel=1e-5)
+
+    step = trainer.optim_step(types.AdamParams(learning_rate=LR, beta1=0.9, beta2=0.95, eps=1e-8,
+                                               weight_decay=0.01)).result()
+    optimizer.step()
+    assert step.metrics["grad_norm"] > 0
+    after = trainer.forward(datums, "cross_entropy").result()
+    for ids, output in zip(sequences, after.loss_fn_outputs):
+        with torch.no_grad():
+            expected = _logprobs(net, ids).tolist()
+        assert _values(output["logprobs"]) == pytest.approx(expected, abs=5e-5)
+    moved = max(abs(a - b) for a, b in zip(_values(after.loss_fn_outputs[0]["logprobs"]),
+                                           _values(out.loss_fn_outputs[0]["logprobs"])))
+    assert moved > 1e-3  # the step changed the model, and the comparison above saw it
+
+
+def test_importance_sampling_sums_minus_ratio_times_advantage(client, server):
+    tok = _tokenizer(server["model"])
+    ids = tok.encode(PROMPT)
+    n = len(ids) - 1
+    sampler_logprobs = [-1.0 - 0.1 * i for i in range(n)]
+    advantages = [0.0] * 3 + [1.5, -0.5] * ((n - 3) // 2) + [1.0] * ((n - 3) % 2)
+    datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                        loss_fn_inputs={"target_tokens": ids[1:], "logprobs": sampler_logprobs,
+                                        "advantages": advantages})
+    trainer = client.create_lora_training_client(base_model=server["model"], rank=8, seed=3).result()
+    out = trainer.forward([datum], "importance_sampling").result()
+    with torch.no_grad():
+        t = _logprobs(_reference(server["model"], 8, 3), ids).tolist()
+    expected = -sum(math.exp(ti - si) * a for ti, si, a in zip(t, sampler_logprobs, advantages))
+    assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_custom_loss_and_a_second_client_are_kept_apart(client, server):
+    """forward_backward_custom (the SDK's forward + weighted cross_entropy) with -sum(logprobs * w) reaches the same
+    weights as plain cross_entropy, on another client of the same server."""
+    datums, sequences = _datums(server["model"])
+    plain = client.create_lora_training_client(base_model=server["model"], rank=8, seed=5).result()
+    custom = client.create_lora_training_client(base_model=server["model"], rank=8, seed=5).result()
+
+    def loss_fn(data, logprobs_list):
+        loss = sum(-(lp * torch.tensor(d.loss_fn_inputs["weights"].tolist())).sum()
+                   for d, lp in zip(data, logprobs_list))
+        return loss, {"custom": loss.item()}
+
+    a = plain.forward_backward(datums, "cross_entropy").result()
+    b = custom.forward_backward_custom(datums, loss_fn).result()
+    assert b.metrics["loss:sum"] == pytest.approx(a.metrics["loss:sum"], rel=1e-5)
+    adam = types.AdamParams(learning_rate=LR)
+    plain.optim_step(adam).result()
+    custom.optim_step(adam).result()
+    after_a = plain.forward(datums, "cross_entropy").result().loss_fn_outputs
+    after_b = custom.forward(datums, "cross_entropy").result().loss_fn_outputs
+    for x, y in zip(after_a, after_b):
+        assert _values(x["logprobs"]) == pytest.approx(_values(y["logprobs"]), abs=1e-5)
+    # a third client on the same server saw none of it: its logprobs are the base model's
+    fresh = client.create_lora_training_client(base_model=server["model"], rank=8, seed=5).result()
+    base = fresh.forward(datums, "cross_entropy").result().loss_fn_outputs
+    with torch.no_grad():
+        expected = _logprobs(_reference(server["model"], 0, 0), sequences[0]).tolist()
+    assert _values(base[0]["logprobs"]) == pytest.approx(expected, abs=2e-5)
+    assert _values(after_a[0]["logprobs"]) != pytest.approx(expected, abs=1e-3)
+
+
+@pytest.mark.parametrize("rank", [8, 0], ids=["lora", "full"])
+def test_sampling_reads_the_saved_weights_and_returns_their_logprobs(client, server, rank):
+    datums, sequences = _datums(server["model"], weighted=False)
+    trainer = client.create_lora_training_client(base_model=server["model"], rank=rank, seed=7).result()
+    trainer.forward_backward(datums, "cross_entropy").result()
+    trainer.optim_step(types.AdamParams(learning_rate=LR)).result()
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints(sequences[0])
+    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=1234)
+    first = sampler.sample(prompt, num_samples=3, sampling_params=params).result()
+    again = sampler.sample(prompt, num_samples=3, sampling_params=params).result()
+    assert len(first.sequences) == 3 and len({s.sequence_id for s in first.sequences}) == 3
+    for seq in first.sequences:
+        assert 1 <= len(seq.tokens) <= 6 and len(seq.logprobs) == len(seq.tokens)
+        assert all(lp <= 0 for lp in seq.logprobs)
+    assert [s.tokens for s in first.sequences] == [s.tokens for s in again.sequences]  # seeded
+    # the sampler's prompt logprobs are the trained weights' (what the learner computes for the same tokens)
+    scored = sampler.compute_logprobs(prompt).result()
+    learner = trainer.forward([datums[0]], "cross_entropy").result().loss_fn_outputs[0]
+    assert scored[0] is None
+    assert scored[1:] == pytest.approx(_values(learner["logprobs"])[:len(scored) - 1], abs=2e-3)
+
+
+def test_a_checkpoint_resumes_bit_for_bit_after_the_server_is_sigkilled(server, tmp_path):
+    """save_state, two more steps; SIGKILL the server, start it again on the same folder; a new client from the
+    checkpoint (with its optimizer) takes the same two steps: the same weights, byte for byte."""
+    root = tmp_path / "kill"
+    proc = _start(server["model"], root)
+    datums, _ = _datums(server["model"])
+    adam = types.AdamParams(learning_rate=LR)
+    try:
+        url = json.loads((root / "service.json").read_text())["url"]
+        service_client = tinker.ServiceClient(base_url=url)
+        trainer = service_client.create_lora_training_client(base_model=server["model"], rank=8, seed=9).result()
+        for _ in range(2):
+            trainer.forward_backward(datums, "cross_entropy").result()
+            trainer.optim_step(adam).result()
+        path = trainer.save_state("mid").result().path
+        for _ in range(2):
+            trainer.forward_backward(datums, "cross_entropy").result()
+            trainer.optim_step(adam).result()
+        trainer.save_state("straight").result()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc = _start(server["model"], root)
+        url = json.loads((root / "service.json").read_text())["url"]
+        resumed = tinker.ServiceClient(base_url=url).create_training_client_from_state_with_optimizer(path).result()
+        for _ in range(2):
+            resumed.forward_backward(datums, "cross_entropy").result()
+            resumed.optim_step(adam).result()
+        resumed.save_state("resumed").result()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    model_dirs = {p.parents[2] for p in root.glob("*/weights/*/state.json")}
+    straight = next(root.glob("*/weights/straight"))
+    again = next(root.glob("*/weights/resumed"))
+    assert len(model_dirs) == 2
+    assert straight.parent.parent != again.parent.parent  # another session, on the restarted server
+    assert (straight / "trainable.safetensors").read_bytes() == (again / "trainable.safetensors").read_bytes()
+    assert json.loads((again / "state.json").read_text())["step"] == 4
+
+
+def test_bad_requests_are_refused_naming_the_field(client, server):
+    tok = _tokenizer(server["model"])
+    ids = tok.encode(PROMPT)
+    trainer = client.create_lora_training_client(base_model=server["model"], rank=8, seed=1).result()
+    vocab = tok.vocab_size + len(tok.get_added_vocab())
+
+    def refused(call) -> str:
+        with pytest.raises((tinker.BadRequestError, tinker.NotFoundError, tinker.RequestFailedError)) as info:
+            call().result()
+        return str(info.value)
+
+    outside = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                          loss_fn_inputs={"target_tokens": ids[1:-1] + [10**6]})
+    assert "target_tokens" in refused(lambda: trainer.forward_backward([outside], "cross_entropy"))
+    short = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={"target_tokens": ids[1:-1]})
+    assert "target_tokens" in refused(lambda: trainer.forward_backward([short], "cross_entropy"))
+    no_adv = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                         loss_fn_inputs={"target_tokens": ids[1:], "logprobs": [0.0] * (len(ids) - 1)})
+    assert "advantages" in refused(lambda: trainer.forward_backward([no_adv], "importance_sampling"))
+    ok = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={"target_tokens": ids[1:]})
+    assert "stable_reinforce" in refused(lambda: trainer.forward_backward([ok], "stable_reinforce"))
+    assert "vocabulary" in refused(lambda: trainer.forward_backward(
+        [types.Datum(model_input=types.ModelInput.from_ints([vocab + 5]), loss_fn_inputs={"target_tokens": [1]})],
+        "cross_entropy"))
+    sampler = client.create_sampling_client(base_model=server["model"]).result()
+    assert "seed" in refused(lambda: sampler.sample(types.ModelInput.from_ints(ids), 1, types.SamplingParams(
+        max_tokens=2, seed=2**64)))
+    assert "max_tokens" in refused(lambda: sampler.sample(types.ModelInput.from_ints(ids), 1, types.SamplingParams(
+        max_tokens=10**6)))
+    # the refused calls applied nothing: the client still trains from where it was
+    assert trainer.forward_backward([ok], "cross_entropy").result().metrics["loss:sum"] > 0
+
+
+def test_the_door_answers_json_naming_what_is_wrong(server):
+    import httpx
+
+    url = server["url"]
+    key = {"X-API-Key": os.environ["TINKER_API_KEY"]}
+    wrong = httpx.post(f"{url}/api/v1/create_session", json={}, headers={"X-API-Key": "tml-wrong"})
+    assert wrong.status_code == 401 and "X-API-Key" in wrong.json()["detail"]
+    unknown = httpx.post(f"{url}/api/v1/retrieve_future", json={"request_id": "999999"}, headers=key)
+    assert unknown.status_code == 404 and "999999" in unknown.json()["detail"]
+    missing = httpx.post(f"{url}/api/v1/get_info", json={"model_id": "s-none:train:0", "type": "get_info"},
+                         headers=key)
+    assert missing.status_code == 404 and "s-none:train:0" in missing.json()["detail"]
+    garbage = httpx.post(f"{url}/api/v1/forward_backward", content=b"\xff\x00garbage", headers=key)
+    assert garbage.status_code == 400 and "ForwardBackwardRequest" in garbage.json()["detail"]
+    extra = httpx.post(f"{url}/api/v1/create_session", json={"tags": [], "user_metadata": {}, "sdk_version": "x", "bogus": 1},
+                       headers=key)
+    assert extra.status_code == 400 and extra.json()["field"] == "bogus"
+    assert httpx.get(f"{url}/api/v1/healthz").json() == {"status": "ok"}
