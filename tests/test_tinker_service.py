@@ -208,6 +208,7 @@ def test_sampling_reads_the_saved_weights_and_returns_their_logprobs(client, ser
     assert scored[1:] == pytest.approx(_values(learner["logprobs"])[:len(scored) - 1], abs=2e-3)
 
 
+@pytest.mark.e2e  # a second server, killed and started again: make test-e2e
 def test_a_checkpoint_resumes_bit_for_bit_after_the_server_is_sigkilled(server, tmp_path):
     """save_state, two more steps; SIGKILL the server, start it again on the same folder; a new client from the
     checkpoint (with its optimizer) takes the same two steps: the same weights, byte for byte."""
