@@ -13,6 +13,10 @@ ENVS_STAMP := $(ENVS_VENV)/.installed
 VF_VENV := .venv-verifiers
 VF_LOCK := requirements/verifiers.lock
 VF_STAMP := $(VF_VENV)/.installed
+# tinker-cookbook (the clients of `grpo tinker serve`): its pins (transformers, numpy) differ from the lock's.
+TINKER_VENV := .venv-tinker
+TINKER_LOCK := requirements/tinker.lock
+TINKER_STAMP := $(TINKER_VENV)/.installed
 CACHE := $(CURDIR)/.cache
 SMOLLM2_MODEL := $(CACHE)/models/smollm2
 CONFIG ?= configs/tiny.yaml
@@ -35,7 +39,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Material for MkDocs prints a banner about its successor on every build
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs docs-check envs run-sft run-distill run-retrain run-atropos run-openenv run-verifiers run-smollm2-atropos run run-code run-tools run-rm run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install models lock bench bench-peers clean stack-up stack-down
+.PHONY: docs docs-check envs run-sft run-distill run-retrain run-atropos run-openenv run-verifiers run-smollm2-atropos run-tinker run run-code run-tools run-rm run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install models lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 # infra/venv.sh installs the lock's exact pins with uv (seconds), or with pip where uv cannot be had (minutes).
@@ -53,7 +57,11 @@ $(VF_STAMP): $(VF_LOCK) infra/venv.sh
 	@infra/venv.sh $(VF_VENV) $(VF_LOCK) $(PYTHON)
 	@touch $(VF_STAMP)
 
-envs: $(ENVS_STAMP) $(VF_STAMP)
+$(TINKER_STAMP): $(TINKER_LOCK) infra/venv.sh
+	@infra/venv.sh $(TINKER_VENV) $(TINKER_LOCK) $(PYTHON)
+	@touch $(TINKER_STAMP)
+
+envs: $(ENVS_STAMP) $(VF_STAMP) $(TINKER_STAMP)
 
 # The built-in tiny models ship as files in models/ (a few MB; each folder's BUILD.json says how it was made and holds
 # its files' sha256): every machine trains the same weights, and nothing is built before `make run`. `make models`
@@ -107,6 +115,12 @@ run-openenv: $(STAMP) $(ENVS_STAMP)
 run-verifiers: $(STAMP) $(VF_STAMP)
 	$(BIN)/grpo train --config configs/tiny-verifiers.yaml --set run_name=tiny-verifiers-$$(date +%Y%m%d-%H%M%S)
 
+# tinker-cookbook's own recipes, unmodified, driving the project's engines through `grpo tinker serve`: its math_rl
+# recipe (env=arithmetic, 20 steps) and its chat_sl recipe (the conversations file in its wheel, 10 steps) on
+# SmolLM2-135M-Instruct; the learning curves printed at the end (docs/guides/tinker-service.md). About 10 minutes.
+run-tinker: $(STAMP) $(TINKER_STAMP) $(SMOLLM2_MODEL)/grpo_build.json
+	examples/tinker/run.sh $(SMOLLM2_MODEL) 20 10
+
 # The same on the real model, a short run (SmolLM2-135M-Instruct, 12 iterations).
 run-smollm2-atropos: $(STAMP) $(ENVS_STAMP) $(SMOLLM2_MODEL)/grpo_build.json
 	$(BIN)/grpo train --config configs/smollm2-atropos.yaml --set run_name=smollm2-atropos-$$(date +%Y%m%d-%H%M%S)
@@ -150,7 +164,7 @@ test-quick: $(STAMP)
 
 # The long end-to-end checks (external servers, kill-and-resume, async overlap): minutes each, on the same workers.
 # CI runs them after `make test`.
-test-e2e: $(STAMP) $(ENVS_STAMP) $(VF_STAMP)
+test-e2e: $(STAMP) $(ENVS_STAMP) $(VF_STAMP) $(TINKER_STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m e2e $(PYTEST_ARGS)
 
 # Several hosts for real (as root): network namespaces on a bridge of their own, a Ray cluster across them with the

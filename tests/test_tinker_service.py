@@ -8,41 +8,22 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
+import tinker
 import torch
+from tinker import types
 
-tinker = pytest.importorskip("tinker")
-from tinker import types  # noqa: E402
+from tests.tinker_server import start_service
 
 PROMPT = "What is 12 + 3?"
 LR = 5e-3
 
 
-def _start(model: str, root: Path) -> subprocess.Popen:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "service.json").unlink(missing_ok=True)
-    env = {**os.environ, "GRPO_TINKER_API_KEY": "tml-test-key"}
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "tinker", "serve", "--model", model, "--root",
-                             str(root), "--port", "0", "--max-lora-rank", "8", "--kv-cache-mb", "64"],
-                            env=env, stdout=open(root / "server.log", "ab"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 240
-    while not (root / "service.json").exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"the tinker service did not start:\n{(root / 'server.log').read_text()[-3000:]}")
-        time.sleep(0.2)
-    return proc
-
-
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("tinker")
-    proc = _start(tiny_model, root)
+    proc = start_service(tiny_model, root)
     info = json.loads((root / "service.json").read_text())
     os.environ["TINKER_API_KEY"] = info["api_key"]
     os.environ["TINKER_TELEMETRY"] = "0"
@@ -208,12 +189,36 @@ def test_sampling_reads_the_saved_weights_and_returns_their_logprobs(client, ser
     assert scored[1:] == pytest.approx(_values(learner["logprobs"])[:len(scored) - 1], abs=2e-3)
 
 
+@pytest.mark.e2e  # a server of its own: make test-e2e
+def test_sampling_through_vllms_lora_adapters_reads_the_trained_weights(server, tmp_path):
+    """--sample-adapters lora: snapshots served as vLLM LoRA adapters (not merged) give the learner's logprobs too."""
+    proc = start_service(server["model"], tmp_path / "lora", "--sample-adapters", "lora")
+    try:
+        url = json.loads((tmp_path / "lora" / "service.json").read_text())["url"]
+        with tinker.ServiceClient(base_url=url) as service_client:
+            datums, sequences = _datums(server["model"], weighted=False)
+            trainer = service_client.create_lora_training_client(base_model=server["model"], rank=8, seed=7).result()
+            trainer.forward_backward(datums, "cross_entropy").result()
+            trainer.optim_step(types.AdamParams(learning_rate=LR)).result()
+            sampler = trainer.save_weights_and_get_sampling_client().result()
+            prompt = types.ModelInput.from_ints(sequences[0])
+            scored = sampler.compute_logprobs(prompt).result()
+            learner = trainer.forward([datums[0]], "cross_entropy").result().loss_fn_outputs[0]
+            base = service_client.create_sampling_client(base_model=server["model"]).result()
+            untrained = base.compute_logprobs(prompt).result()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert scored[1:] == pytest.approx(_values(learner["logprobs"])[:len(scored) - 1], abs=2e-3)
+    assert untrained[1:] != pytest.approx(scored[1:], abs=1e-3)  # the adapter was applied, not the base
+
+
 @pytest.mark.e2e  # a second server, killed and started again: make test-e2e
 def test_a_checkpoint_resumes_bit_for_bit_after_the_server_is_sigkilled(server, tmp_path):
     """save_state, two more steps; SIGKILL the server, start it again on the same folder; a new client from the
     checkpoint (with its optimizer) takes the same two steps: the same weights, byte for byte."""
     root = tmp_path / "kill"
-    proc = _start(server["model"], root)
+    proc = start_service(server["model"], root)
     datums, _ = _datums(server["model"])
     adam = types.AdamParams(learning_rate=LR)
     try:
@@ -230,7 +235,7 @@ def test_a_checkpoint_resumes_bit_for_bit_after_the_server_is_sigkilled(server, 
         trainer.save_state("straight").result()
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        proc = _start(server["model"], root)
+        proc = start_service(server["model"], root)
         url = json.loads((root / "service.json").read_text())["url"]
         resumed = tinker.ServiceClient(base_url=url).create_training_client_from_state_with_optimizer(path).result()
         for _ in range(2):

@@ -33,6 +33,9 @@ def add_tinker_commands(sub: Any) -> None:
     s.add_argument("--max-lora-rank", type=int, default=32, help="the largest LoRA rank a client may ask for")
     s.add_argument("--max-model-len", type=int, default=None, help="default: the model's own context")
     s.add_argument("--kv-cache-mb", type=int, default=256, help="CPU: the samplers' KV cache")
+    s.add_argument("--sample-adapters", choices=["merged", "lora"], default="merged",
+                   help="how samplers serve a LoRA client's snapshots: merged into the base weights (default: on CPU "
+                        "vLLM's LoRA kernels cost about 1 s per request) or as vLLM LoRA adapters")
     s.set_defaults(func=_cmd_serve)
 
 
@@ -50,7 +53,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 2
     root = Path(args.root)
     service = TinkerService(ServiceSettings(base_model=args.model, root=root, max_lora_rank=args.max_lora_rank,
-                                            max_model_len=args.max_model_len, kv_cache_mb=args.kv_cache_mb))
+                                            max_model_len=args.max_model_len, kv_cache_mb=args.kv_cache_mb,
+                                            sample_adapters=args.sample_adapters))
     server = TinkerServer(TinkerApp(service, key), host=args.host, port=args.port).start()
     write_private(root / SERVICE_FILE, json.dumps({"url": server.url, "api_key": key, "base_model":
                                                    service.base_folder, "pid": os.getpid()}).encode())

@@ -7,8 +7,12 @@ loads another snapshot's when a request needs it). All vLLM calls run on one thr
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 from grpo_core.config_sections import VLLM_LORA_RANKS
 from grpo_core.rollout.sampler import SamplerSpec, VLLMSampler, sampled_logprobs
@@ -17,6 +21,7 @@ from grpo_core.tinker.trainee import ATTENTION, MLP
 from grpo_core.tinker.wire import SampledTokens
 
 SEED_LIMIT = 2**63
+SampleResult = tuple[list[SampledTokens], "list[float | None] | None"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class SamplerSettings:
     max_lora_rank: int = 32
     kv_cache_mb: int = 256
     seed: int = 0
+    adapters: str = "merged"  # merged: an adapter is merged into the base and served as full weights; lora: vLLM's LoRA
 
 
 class SnapshotSampler:
@@ -56,6 +62,7 @@ class SnapshotSampler:
         self._lora: VLLMSampler | None = None
         self._full: VLLMSampler | None = None
         self._full_serving: str | None = None  # the snapshot folder the full engine holds (None: the base)
+        self._base: dict[str, torch.Tensor] | None = None  # the base weights, to merge adapters into
         self._adapter_ids: dict[str, int] = {}
         self.vllm_rank = next(r for r in VLLM_LORA_RANKS if r >= settings.max_lora_rank)
 
@@ -66,15 +73,22 @@ class SnapshotSampler:
                            max_lora_rank=self.vllm_rank if lora else None,
                            lora_target_modules=ATTENTION + MLP if lora else None)
 
+    def _served_whole(self, snapshot: Snapshot) -> bool:
+        """Whether the full-weights engine serves ``snapshot`` (else the LoRA engine does)."""
+        return snapshot.kind == "full" or self.settings.adapters == "merged"
+
     def _engine_for(self, snapshot: Snapshot):
         """The engine that serves ``snapshot`` and the LoRA request to pass (None: the engine's own weights)."""
         from vllm.lora.request import LoRARequest
 
-        if snapshot.kind == "full":
+        if self._served_whole(snapshot):
             if self._full is None:
                 self._full = VLLMSampler(self._spec(lora=False))
             if self._full_serving != snapshot.folder:
-                self._full.load_weights_from_dir(snapshot.folder, version=0)
+                if snapshot.kind == "full":
+                    self._full.load_weights_from_dir(snapshot.folder, version=0)
+                else:
+                    self._full.load_weights(self._merged(snapshot.folder), version=0)
                 self._full_serving = snapshot.folder
             return self._full, None
         if self._lora is None:
@@ -84,33 +98,84 @@ class SnapshotSampler:
         ident = self._adapter_ids.setdefault(snapshot.folder, len(self._adapter_ids) + 1)
         return self._lora, LoRARequest(lora_name=f"tinker-{ident}", lora_int_id=ident, lora_path=snapshot.folder)
 
-    def sample(self, snapshot: Snapshot, call: SampleCall) -> tuple[list[SampledTokens], list[float | None] | None]:
-        """``call.num_samples`` sequences of one prompt (their tokens with the stop token, and logprobs), and the
-        prompt's logprobs when asked (None at position 0)."""
-        from vllm import SamplingParams, TokensPrompt
+    def _merged(self, adapter: str | None) -> list[tuple[str, torch.Tensor]]:
+        """The base weights with a peft adapter merged in (W + alpha/r B A on each adapted layer); the base alone
+        for None. On CPU vLLM's LoRA kernels cost about 1 s per request of a batch (SmolLM2, rank 32: 64 one-sample
+        requests in 67 s against 6 s on plain weights), and merging takes a fraction of a second per snapshot."""
+        from safetensors.torch import load_file
 
-        engine, lora = self._engine_for(snapshot)
+        if self._base is None:
+            files = sorted(Path(self.settings.base_model).glob("*.safetensors"))
+            self._base = {name: t for f in files for name, t in load_file(str(f)).items()}
+        if adapter is None:
+            return list(self._base.items())
+        config = json.loads(Path(adapter, "adapter_config.json").read_text())
+        scale = float(config["lora_alpha"]) / float(config["r"])
+        tensors = load_file(str(Path(adapter, "adapter_model.safetensors")))
+        merged = dict(self._base)
+        for key, a in tensors.items():
+            if not key.endswith(".lora_A.weight"):
+                continue
+            module = key[: -len(".lora_A.weight")].removeprefix("base_model.model.")
+            b = tensors[key.replace(".lora_A.", ".lora_B.")]
+            name = f"{module}.weight"
+            if name not in merged:
+                raise RuntimeError(f"{adapter}: the adapter adapts {module}, which the base model does not have")
+            merged[name] = merged[name] + scale * (b.float() @ a.float()).to(merged[name].dtype)
+        return list(merged.items())
+
+    def _params(self, call: SampleCall):
+        from vllm import SamplingParams
+
         room = self.settings.max_model_len - len(call.prompt)
         stop_ids = [s for s in call.stop if isinstance(s, int)] if call.stop else []
         stop_texts = [s for s in call.stop if isinstance(s, str)] if call.stop else []
-        params = SamplingParams(
+        return SamplingParams(
             n=call.num_samples, max_tokens=call.max_tokens if call.max_tokens is not None else room,
             temperature=call.temperature, top_p=call.top_p, top_k=call.top_k if call.top_k > 0 else 0,
             seed=call.seed, stop_token_ids=stop_ids or None, stop=stop_texts or None,
             include_stop_str_in_output=True, ignore_eos=call.stop == [], logprobs=0, flat_logprobs=True,
             detokenize=bool(stop_texts), prompt_logprobs=0 if call.prompt_logprobs else None)
-        (out,) = engine.llm.generate([TokensPrompt(prompt_token_ids=call.prompt)], params, use_tqdm=False,
-                                     lora_request=lora)
-        sequences = []
-        for completion in out.outputs:
-            tokens = list(completion.token_ids)
-            sequences.append(SampledTokens(tokens=tokens, logprobs=sampled_logprobs(completion, tokens),
-                                           stop_reason="length" if completion.finish_reason == "length" else "stop"))
-        prompt_logprobs = None
-        if call.prompt_logprobs:
-            prompt_logprobs = [None] + [_logprob_of(entry, tok) for entry, tok in
-                                        zip(out.prompt_logprobs[1:], call.prompt[1:])]
-        return sequences, prompt_logprobs
+
+    def sample(self, snapshot: Snapshot, call: SampleCall) -> SampleResult:
+        """``call.num_samples`` sequences of one prompt (their tokens with the stop token, and logprobs), and the
+        prompt's logprobs when asked (None at position 0)."""
+        return self.sample_many([(snapshot, call)])[0]
+
+    def sample_many(self, requests: list[tuple[Snapshot, SampleCall]]) -> list[SampleResult]:
+        """Many requests in as few engine calls as their snapshots allow: every base and adapter request in one
+        ``generate`` (vLLM batches them, each through its own adapter), full-weight requests one snapshot at a
+        time. Requests are independent: each has its own seed and settings, so batching changes no result's
+        distribution."""
+        from vllm import TokensPrompt
+
+        results: list[SampleResult | None] = [None] * len(requests)
+        groups: dict[tuple[bool, str | None], list[int]] = {}
+        for i, (snapshot, _) in enumerate(requests):
+            whole = self._served_whole(snapshot)
+            groups.setdefault((whole, snapshot.folder if whole else None), []).append(i)
+        for members in groups.values():
+            routed = [self._engine_for(requests[i][0]) for i in members]
+            engine, loras = routed[0][0], [lora for _, lora in routed]
+            outs = engine.llm.generate([TokensPrompt(prompt_token_ids=requests[i][1].prompt) for i in members],
+                                       [self._params(requests[i][1]) for i in members], use_tqdm=False,
+                                       lora_request=loras if any(lora is not None for lora in loras) else None)
+            for i, out in zip(members, outs):
+                results[i] = _result(out, requests[i][1])
+        return results
+
+
+def _result(out, call: SampleCall) -> SampleResult:
+    sequences = []
+    for completion in out.outputs:
+        tokens = list(completion.token_ids)
+        sequences.append(SampledTokens(tokens=tokens, logprobs=sampled_logprobs(completion, tokens),
+                                       stop_reason="length" if completion.finish_reason == "length" else "stop"))
+    prompt_logprobs = None
+    if call.prompt_logprobs:
+        prompt_logprobs = [None] + [_logprob_of(entry, tok) for entry, tok in
+                                    zip(out.prompt_logprobs[1:], call.prompt[1:])]
+    return sequences, prompt_logprobs
 
 
 def _logprob_of(entry, token: int) -> float:
