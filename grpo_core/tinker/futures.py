@@ -7,6 +7,7 @@ timeout is 45 s) and then answers "try again", which the SDK retries at once and
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
@@ -30,6 +31,7 @@ class _Entry:
         self.done = threading.Event()
         self.outcome: Outcome | None = None
         self.finished_at = 0.0
+        self.waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
 
 
 class FutureTable:
@@ -49,8 +51,12 @@ class FutureTable:
 
     def settle(self, request_id: str, outcome: Outcome) -> None:
         entry = self._entries[request_id]
-        entry.outcome, entry.finished_at = outcome, time.monotonic()
-        entry.done.set()
+        with self._lock:
+            entry.outcome, entry.finished_at = outcome, time.monotonic()
+            entry.done.set()
+            waiters, entry.waiters = entry.waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_wake, future)
 
     def run(self, request_id: str, work: Callable[[], Outcome], failed: Callable[[Exception], Outcome]) -> None:
         """Settle ``request_id`` with ``work()``, or with ``failed(exc)`` if it raises."""
@@ -63,12 +69,32 @@ class FutureTable:
     def known(self, request_id: str) -> bool:
         return request_id in self._entries
 
-    def wait(self, request_id: str, seconds: float = POLL_SECONDS) -> Outcome | None:
-        """The outcome, or None if it is not ready within ``seconds``; KeyError for an unknown id."""
+    async def wait_async(self, request_id: str, seconds: float = POLL_SECONDS) -> Outcome | None:
+        """The outcome, or None if it is not ready within ``seconds`` (KeyError for an unknown id), awaited on the
+        event loop, holding no thread: with the server's 40 worker threads each held by a waiting poll, 64
+        concurrent samples' polls would leave no thread to read the next request."""
         entry = self._entries[request_id]
-        return entry.outcome if entry.done.wait(seconds) else None
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._lock:
+            if entry.done.is_set():
+                return entry.outcome
+            entry.waiters.append((loop, future))
+        try:
+            await asyncio.wait_for(future, seconds)
+        except asyncio.TimeoutError:
+            with self._lock:
+                if (loop, future) in entry.waiters:
+                    entry.waiters.remove((loop, future))
+            return entry.outcome if entry.done.is_set() else None
+        return entry.outcome
 
     def _forget_old(self) -> None:
         horizon = time.monotonic() - KEEP_SECONDS
         for key in [k for k, e in self._entries.items() if e.done.is_set() and e.finished_at < horizon]:
             del self._entries[key]
+
+
+def _wake(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)

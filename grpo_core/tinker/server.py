@@ -265,7 +265,6 @@ class TinkerApp:
         """``retrieve_future``: the result when it is ready within ``POLL_SECONDS``, else 408 "try again" (the SDK
         polls again at once, quietly); a failure as ``{"error", "category"}``; forward_backward and sample results
         as protobuf."""
-        import anyio
         from fastapi.responses import JSONResponse, Response
 
         headers = {k.lower(): v for k, v in request.headers.items()}
@@ -279,7 +278,7 @@ class TinkerApp:
                                          status=404)
         except TinkerRequestError as exc:
             return refused(exc)
-        outcome = await anyio.to_thread.run_sync(self.service.futures.wait, request_id, POLL_SECONDS)
+        outcome = await self.service.futures.wait_async(request_id, POLL_SECONDS)
         if outcome is None:
             return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"},
                                 status_code=408)
