@@ -56,9 +56,11 @@ class TinkerApp:
             raise ValueError("the API key must start with 'tml-' (the tinker SDK refuses any other)")
         self.service, self.api_key = service, api_key
 
-    def authorized(self, headers: dict[str, str]) -> bool:
+    def check_key(self, headers) -> None:
+        """``X-API-Key`` equal to the server's, compared as bytes in constant time; else a 401 refusal."""
         given = headers.get("x-api-key", "").encode("utf-8", "surrogatepass")
-        return secrets.compare_digest(given, self.api_key.encode("utf-8", "surrogatepass"))
+        if not secrets.compare_digest(given, self.api_key.encode("utf-8", "surrogatepass")):
+            raise TinkerRequestError("missing or wrong X-API-Key", field="X-API-Key", status=401)
 
     # ------------------------------------------------------------------------------------------- routes
     def create_session(self, body: Any) -> dict:
@@ -207,10 +209,8 @@ class TinkerApp:
 
         def route(handler: Callable[..., dict], raw: bool = False):
             async def serve(request: Request):
-                headers = {k.lower(): v for k, v in request.headers.items()}
-                if not self.authorized(headers):
-                    return refused(TinkerRequestError("missing or wrong X-API-Key", field="X-API-Key", status=401))
                 try:
+                    self.check_key(request.headers)
                     body = await body_bytes(request)
                     params = dict(request.path_params)
                     out = await anyio.to_thread.run_sync(
@@ -267,10 +267,8 @@ class TinkerApp:
         as protobuf."""
         from fastapi.responses import JSONResponse, Response
 
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        if not self.authorized(headers):
-            return refused(TinkerRequestError("missing or wrong X-API-Key", field="X-API-Key", status=401))
         try:
+            self.check_key(request.headers)
             body = read_json(await body_bytes(request))
             request_id = str(body.get("request_id", "")) if isinstance(body, dict) else ""
             if not self.service.futures.known(request_id):

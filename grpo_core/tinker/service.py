@@ -184,7 +184,7 @@ class TinkerService:
     def _base_name(self, base_model: str | None, field_name: str = "base_model") -> str:
         if base_model is None:
             return self.base_folder
-        served = {self.base_folder, os.path.basename(self.base_folder), str(Path(self.base_folder))}
+        served = {self.base_folder, os.path.basename(self.base_folder)}
         if base_model in served or (os.path.isdir(base_model) and
                                     Path(base_model).resolve() == Path(self.base_folder)):
             return base_model
@@ -343,8 +343,7 @@ class TinkerService:
 
         def work() -> Outcome:
             model.trainee.export_for_sampler(folder)
-            snapshot = Snapshot(kind="adapter" if model.trainee.spec.lora_rank else "full", folder=str(folder),
-                                lora_rank=model.trainee.spec.lora_rank)
+            snapshot = Snapshot(kind="adapter" if model.trainee.spec.lora_rank else "full", folder=str(folder))
             if sampling_session_seq_id is None:
                 return Outcome(json={"path": f"tinker://{model_id}/sampler_weights/{name}",
                                      "type": "save_weights_for_sampler"})
@@ -387,11 +386,10 @@ class TinkerService:
             raise TinkerRequestError(f"model_path {path!r}: no such sampler checkpoint on this server",
                                      field="model_path", status=404)
         adapter = (folder / "adapter_config.json").is_file()
-        rank = json.loads((folder / "adapter_config.json").read_text())["r"] if adapter else 0
         model = self.models.get(model_id)
         base_name = model.base_name if model else self.base_folder
         return SamplingSession(sampling_id, base_name, Snapshot(kind="adapter" if adapter else "full",
-                                                                folder=str(folder), lora_rank=rank), path)
+                                                                folder=str(folder)), path)
 
     def sampler_info(self, sampling_id: str) -> dict:
         session = self.sampling.get(sampling_id)

@@ -30,7 +30,6 @@ class Snapshot:
 
     kind: str
     folder: str | None = None
-    lora_rank: int = 0
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ import json
 import math
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -73,13 +75,17 @@ class Trainee:
                                                          task_type="CAUSAL_LM"))
         self.model = model.train()
         self.trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW([p for _, p in self.trainable], lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
-                                           weight_decay=0.0)
+        self.optimizer = self._fresh_optimizer()
         config = model.config
         self.vocab_size = int(config.vocab_size)
         self.max_length = int(getattr(config, "max_position_embeddings", 0) or 2**31)
         self.step = 0
         self.pending = 0  # forward_backward calls accumulated since the last optim_step
+
+    def _fresh_optimizer(self) -> torch.optim.AdamW:
+        """AdamW on the trainable weights; each ``optim_step`` sets its hyperparameters (these are Tinker's defaults)."""
+        return torch.optim.AdamW([p for _, p in self.trainable], lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
+                                 weight_decay=0.0)
 
     # ----------------------------------------------------------------------------------------- the passes
     def check(self, call: ForwardBackwardCall) -> dict[str, float]:
@@ -178,17 +184,11 @@ class Trainee:
         then renamed: a checkpoint is there whole or not at all)."""
         from safetensors.torch import save_file
 
-        tmp = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_file({name: p.detach().contiguous() for name, p in self.trainable}, str(tmp / WEIGHTS_FILE))
-        torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-        record = {"spec": asdict(self.spec), "step": self.step, **metadata}
-        (tmp / STATE_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
-        _fsync_tree(tmp)
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
+        with _written_whole(folder) as tmp:
+            save_file({name: p.detach().contiguous() for name, p in self.trainable}, str(tmp / WEIGHTS_FILE))
+            torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+            record = {"spec": asdict(self.spec), "step": self.step, **metadata}
+            (tmp / STATE_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
 
     def load_state(self, folder: Path, with_optimizer: bool) -> None:
         """Weights (and with ``with_optimizer`` the AdamW moments and the step) from ``save_state``'s folder. The
@@ -215,35 +215,15 @@ class Trainee:
             self.optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE, weights_only=True))
             self.step = int(record["step"])
         else:
-            self.optimizer = torch.optim.AdamW([p for _, p in self.trainable], lr=1e-4, betas=(0.9, 0.95),
-                                               eps=1e-12, weight_decay=0.0)
+            self.optimizer = self._fresh_optimizer()
             self.step = 0
 
     def export_for_sampler(self, folder: Path) -> None:
         """What a sampler loads: the peft adapter (LoRA), or the whole model in HF format; written to a temporary
         folder and renamed."""
-        tmp = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        if self.spec.lora_rank > 0:
-            self.model.save_pretrained(str(tmp))
-            (tmp / "README.md").unlink(missing_ok=True)
-        else:
-            self.model.save_pretrained(str(tmp), safe_serialization=True)
-        _fsync_tree(tmp)
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-
-    def weights_digest(self) -> str:
-        """sha256 over the trainable weights' bytes in name order: equal digests, equal weights bit for bit."""
-        import hashlib
-
-        digest = hashlib.sha256()
-        for name, p in sorted(self.trainable, key=lambda item: item[0]):
-            digest.update(name.encode())
-            digest.update(p.detach().contiguous().numpy().tobytes())
-        return digest.hexdigest()
+        with _written_whole(folder) as tmp:
+            self.model.save_pretrained(str(tmp))  # peft: the adapter alone; transformers: safetensors weights
+            (tmp / "README.md").unlink(missing_ok=True)  # peft's model card
 
 
 def read_state(folder: Path) -> dict:
@@ -253,8 +233,18 @@ def read_state(folder: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _fsync_tree(folder: Path) -> None:
-    for entry in folder.iterdir():
+@contextmanager
+def _written_whole(folder: Path) -> Iterator[Path]:
+    """A folder written under a temporary name, its files synced, then renamed into place (replacing an older one
+    of the name): a reader finds it whole or not at all."""
+    tmp = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    yield tmp
+    for entry in tmp.iterdir():
         if entry.is_file():
             with open(entry, "rb") as fh:
                 os.fsync(fh.fileno())
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
