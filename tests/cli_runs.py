@@ -66,6 +66,29 @@ def wait_listed(store: RunStore, iteration: int, name: str, proc: subprocess.Pop
         time.sleep(0.005)
 
 
+def stop_once_listed(store: RunStore, proc: subprocess.Popen, log: Path, iteration: int, name: str,
+                     near: tuple[int, str]) -> None:
+    """Leave the flow process SIGSTOPped at the first moment ``name`` of ``iteration`` is committed, before anything
+    later can be: from ``near`` (a stage committed shortly before) on, the flow runs in steps of a few milliseconds,
+    stopped between them while the run folder is read.
+
+    Polling alone (and killing once the commit is seen) can miss the point: the next stage's commit comes tens of
+    milliseconds later on the tiny task, and on a loaded machine the poller may not run for that long. Stopped, the
+    flow commits nothing (every commit of the run folder is the flow process's); its actors may run on."""
+    wait_listed(store, *near, proc, log)
+    flow = psutil.Process(proc.pid)
+    while True:
+        proc.send_signal(signal.SIGSTOP)
+        while flow.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            time.sleep(0.0005)
+        if store.entry(iteration, name) is not None:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (rc {proc.returncode}) before the stop point:\n{log.read_text()}")
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.002)
+
+
 def run_cli_to_end(config: dict, tmp: Path, log_name: str) -> str:
     proc, log = start_cli(config, tmp, log_name)
     rc = proc.wait(timeout=600)

@@ -89,17 +89,21 @@ def test_grpo_eval_on_final_reproduces_the_runs_last_evaluation(run_with_two_set
     assert set(greedy_eval.column("policy_version").to_pylist()) == {2}
 
 
-def test_grpo_eval_on_a_checkpoint_and_bad_arguments(run_with_two_sets, tmp_path, tiny_model):
+def test_grpo_eval_on_a_checkpoint_and_bad_arguments(run_with_two_sets, tmp_path, tiny_model, capsys):
+    from grpo_cli.main import main as grpo
+
     _, cfg, _, _ = run_with_two_sets
     one = dict(cfg, eval={"interval": 1, "datasets": {"arith": dict(SETS["arith"], samples=0, pass_k=None)}})
     done = _grpo_eval(["--run", RUN, "--checkpoint", "iter-0", "--out", str(tmp_path / "c")], one, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "policy version 1" in done.stdout
     assert json.loads((tmp_path / "c" / "metrics.json").read_text())["rows"] == {"arith": 12}
-    done = _grpo_eval(["--run", RUN, "--checkpoint", "iter-7"], one, tmp_path)
-    assert done.returncode == 2 and "no committed checkpoint of iteration 7" in done.stderr
-    done = _grpo_eval(["--model", str(tmp_path / "nothing")], one, tmp_path)
-    assert done.returncode == 2 and "not an HF model folder" in done.stderr
+    # The refusals come before any engine starts: the command's own function, in this process.
+    config = str(tmp_path / "config.yaml")  # written by _grpo_eval above
+    assert grpo(["eval", "--config", config, "--run", RUN, "--checkpoint", "iter-7"]) == 2
+    assert "no committed checkpoint of iteration 7" in capsys.readouterr().err
+    assert grpo(["eval", "--config", config, "--model", str(tmp_path / "nothing")]) == 2
+    assert "not an HF model folder" in capsys.readouterr().err
 
 
 def test_a_run_given_as_a_path_is_refused_with_the_name_and_root_to_use():

@@ -2,9 +2,9 @@
 
 One uninterrupted run is the reference. Every other run here is hurt in one way (the flow's whole process tree
 SIGKILLed between stages or mid-training, a checkpoint left half-written, the policy actor killed, a config
-changed) and must end with bit-identical final weights, the same learning metrics, one row per iteration, and the
-same prompts drawn (the difficulty pool's state restored from the checkpoint).
-The run on a real S3 server whose service goes away for 10 s lives in test_flow_s3.py.
+changed, the run folder's S3 server stopped for 10 s) and must end with bit-identical final weights, the same
+learning metrics, one row per iteration, and the same prompts drawn (the difficulty pool's state restored from the
+checkpoint).
 """
 from __future__ import annotations
 
@@ -26,8 +26,7 @@ from grpo_core import checkpoint
 from grpo_core.storage import RunStore
 from tasks.checkpoint import POOL_FILE
 from tests.cli_runs import (
-    api_env, kill_once_listed, kill_tree, learning_rows, run_cli_to_end, start_cli, wait_committed, wait_listed,
-    weights_differing,
+    api_env, kill_tree, learning_rows, run_cli_to_end, start_cli, stop_once_listed, weights_differing,
 )
 from tests.conftest import REPO, tiny_config
 
@@ -86,58 +85,56 @@ def reference(tiny_model, tmp_path_factory, prefect_harness):
     return root
 
 
-def _check_resumed(text: str, store: RunStore, run: str, committed: checkpoint.CheckpointRef) -> None:
-    assert f"resuming {run} from {committed.name}, policy version {committed.policy_version}" in text, text
+def _check_resumed(text: str, store: RunStore, run: str, resumes: list[checkpoint.CheckpointRef]) -> None:
+    """``text``: the last start's output; ``resumes``: the checkpoint each resume started from, in order. Each start
+    redid the iterations after the checkpoint it resumed from (run_attempt: 0 the first start, +1 per resume)."""
+    last = resumes[-1]
+    assert f"resuming {run} from {last.name}, policy version {last.policy_version}" in text, text
     rows = store.read_metrics().to_pylist()
-    # Iterations up to the checkpoint were not redone (first attempt); the ones after it were (second attempt).
-    expected = [0] * committed.next_iteration + [1] * (ITERATIONS + 1 - committed.next_iteration)
-    assert [r["run_attempt"] for r in rows] == expected
+    assert [r["run_attempt"] for r in rows] == [sum(c.next_iteration <= r["iteration"] for c in resumes)
+                                                for r in rows]
 
 
-def test_sigkill_between_stages_then_resume_is_exact(reference, tiny_model, tmp_path):
-    """Kill after iteration 3's rollout is committed, before it is scored; a checkpoint half-written later than
-    the last committed one is planted too: the resume must ignore it and use the committed one."""
+def test_sigkill_between_stages_then_mid_training_then_resume_is_exact(reference, tiny_model, tmp_path):
+    """The flow's whole process tree SIGKILLed twice, each start resuming the run folder the last one left:
+    first after iteration 3's rollout is committed, before it is scored (a checkpoint half-written later than the
+    last committed one is planted too: the resume must ignore it and use the committed one); then, in the resumed
+    run, as soon as iteration 4's batch is scored, with the learner inside its update (two optimizer steps). The
+    third start ends the run, which must equal the uninterrupted one."""
     cfg = _config(tiny_model, tmp_path, "cut")
     store = RunStore(str(tmp_path), "cut")
     proc, log = start_cli(cfg, tmp_path, "first")
-    wait_committed(store, proc, log)
-    wait_listed(store, 3, "rollouts.parquet", proc, log)
+    stop_once_listed(store, proc, log, 3, "rollouts.parquet", near=(2, "train.json"))
     kill_tree(proc)
     assert store.entry(3, "scored.parquet") is None, "the kill was meant to land between rollout and score"
-    committed = checkpoint.latest(store)
-    assert committed.iteration == 1, committed  # iter-000003 is only started after iteration 3's sync
-    pool = store.get_json_file(f"{committed.path}/{POOL_FILE}")  # the pool's state, in the checkpoint's manifest
+    first = checkpoint.latest(store)
+    assert first.iteration == 1, first  # iter-000003 is only started after iteration 3's sync
+    pool = store.get_json_file(f"{first.path}/{POOL_FILE}")  # the pool's state, in the checkpoint's manifest
     assert pool["iteration"] == 1 and len(pool["selection"]) == 4
-    assert POOL_FILE in store.get_json_file(f"{committed.path}/{checkpoint.MANIFEST}")["files"]
+    assert POOL_FILE in store.get_json_file(f"{first.path}/{checkpoint.MANIFEST}")["files"]
     # A checkpoint killed mid-write: its files are there (one cut short), its manifest is not.
     half = tmp_path / "cut" / checkpoint.checkpoint_path(2)
-    shutil.copytree(tmp_path / "cut" / committed.path, half)
+    shutil.copytree(tmp_path / "cut" / first.path, half)
     (half / checkpoint.MANIFEST).unlink()
     weights = half / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
 
-    text = run_cli_to_end(cfg, tmp_path, "resumed")
-    _check_resumed(text, store, "cut", committed)
+    proc, log = start_cli(cfg, tmp_path, "second")
+    stop_once_listed(store, proc, log, 4, "scored.parquet", near=(4, "rollouts.parquet"))
+    kill_tree(proc)
+    assert store.entry(4, "train.json") is None, "the kill was meant to land inside iteration 4's update"
+    _check_resumed(log.read_text(), store, "cut", [first])  # up to iteration 3's row: 4's was not recorded
+    second = checkpoint.latest(store)  # iter-000003, or iter-000001 if the kill beat iter-000003's commit
+    assert second.iteration in (1, 3), second
+
+    text = run_cli_to_end(cfg, tmp_path, "third")
+    _check_resumed(text, store, "cut", [first, second])
     _assert_same_run(tmp_path, "cut", reference, "ref")
+    if second.iteration == 3:  # iteration 4's rollouts were sampled with the checkpoint's weights: reused
+        assert store.entry(4, "rollouts.parquet").meta["policy_version"] == second.policy_version
     assert checkpoint.latest(store).iteration == ITERATIONS - 1
     assert [r.iteration for r in checkpoint.complete_checkpoints(store)] == [3, 5]  # keep_last=2
     assert not half.exists()  # the leftover of the interrupted write was pruned
-
-
-@pytest.mark.e2e
-def test_sigkill_mid_training_then_resume_is_exact(reference, tiny_model, tmp_path):
-    """Kill as soon as iteration 4's batch is scored: the learner is inside its update (two optimizer steps)."""
-    cfg = _config(tiny_model, tmp_path, "midtrain")
-    store = kill_once_listed(cfg, tmp_path, 4, "scored.parquet")
-    assert store.entry(4, "train.json") is None, "the kill was meant to land inside iteration 4's update"
-    committed = checkpoint.latest(store)  # iter-000003, or iter-000001 if the kill beat iter-000003's commit
-    assert committed is not None and committed.iteration in (1, 3), committed
-
-    text = run_cli_to_end(cfg, tmp_path, "resumed")
-    _check_resumed(text, store, "midtrain", committed)
-    _assert_same_run(tmp_path, "midtrain", reference, "ref")
-    if committed.iteration == 3:  # iteration 4's rollouts were sampled with the checkpoint's weights: reused
-        assert store.entry(4, "rollouts.parquet").meta["policy_version"] == committed.policy_version
 
 
 def test_a_changed_config_is_refused_naming_the_fields(reference, tiny_model, tmp_path):
@@ -162,7 +159,7 @@ def test_a_finished_run_is_not_redone(reference, tiny_model, tmp_path):
     assert all(torch.equal(before[k], v) for k, v in _final_weights(root, "ref").items())
 
 
-@pytest.mark.e2e  # make test: test_a_finished_run_is_not_redone, and the resume of test_sigkill_between_stages...
+@pytest.mark.e2e  # make test: test_a_finished_run_is_not_redone, and the resumes of test_sigkill_between_stages...
 def test_more_iterations_extend_a_finished_run(reference, tiny_model, tmp_path):
     from flows.grpo_train import grpo_train
 
@@ -235,7 +232,7 @@ def _run_until_it_gives_up(tiny_model, tmp_path) -> checkpoint.CheckpointRef:
     return latest
 
 
-@pytest.mark.e2e  # make test: the in-flow recovery (above) and the resume of a killed run (test_sigkill_between_stages)
+@pytest.mark.e2e  # make test: the in-flow recovery (above) and the resumes of test_sigkill_between_stages...
 def test_giving_up_then_prefect_flow_run_retry_resumes_the_run_folder(reference, tiny_model, tmp_path):
     """After the in-flow recoveries are spent the flow run fails naming where to resume; the failed flow run itself
     (same id, same parameters) re-executed by `prefect flow-run retry`, as the UI's Retry button does for a
