@@ -1,7 +1,8 @@
-"""Async RL (rollout.max_staleness >= 1) on the real stack with the tiny model: the rollout of iteration k+s runs
-while iteration k trains, every batch is trained on exactly min(k, s) iterations after the weights that sampled it,
-an outside producer's groups taken from the inbox, a sampler added while the run goes. An async run killed
-mid-training and resumed bit-identical: tests/test_multiturn_flow.py (split placement, one iteration of staleness)."""
+"""Async RL (rollout.max_staleness >= 1) on the real stack with the tiny model, one run: the rollout of iteration k+s
+runs while iteration k trains, every batch is trained on exactly min(k, s) iterations after the weights that sampled
+it; an outside producer's groups taken from the inbox (and a bad file refused); `grpo scale` adding a sampler while
+the run goes. An async run killed mid-training and resumed bit-identical: tests/test_multiturn_flow.py (split
+placement, one iteration of staleness)."""
 from __future__ import annotations
 
 import io
@@ -35,14 +36,39 @@ def _rows(root: Path, run: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def reference(tiny_model, tmp_path_factory, prefect_harness):
+    """The module's one run (split, one iteration of staleness, broadcast): an outside producer's two scored groups
+    and a bad file wait in its inbox from the start, and `grpo scale ref --samplers 2` is asked once iteration 1 is
+    recorded. Returns (the run folder's root, what `grpo scale` returned)."""
+    import threading
+    import time
+
     from flows.grpo_train import grpo_train
+    from grpo_core.cli import main as grpo_cli
 
     root = tmp_path_factory.mktemp("async-reference")
+    store = RunStore(str(root), "ref")
+    asked: list[int] = []
+
+    def scale_after_iteration_1() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            try:
+                if 1 in store.read_metrics().column("iteration").to_pylist():
+                    asked.append(grpo_cli(["scale", "ref", "--samplers", "2", "--root", str(root)]))
+                    return
+            except (OSError, KeyError):
+                pass
+            time.sleep(0.05)
+
+    _put_inbox(store, "a-bad", _inbox_item(tiny_model, 1, version=0).drop_columns(["reward"]))
+    _put_inbox(store, "b-env", _inbox_item(tiny_model, 2, version=0))
+    threading.Thread(target=scale_after_iteration_1, daemon=True).start()
     grpo_train(config=_config(tiny_model, root, "ref"))
-    return root
+    return root, asked
 
 
 def test_rollout_overlaps_training_and_staleness_is_bounded(reference):
+    reference, _ = reference
     rows = [r for r in _rows(reference, "ref") if r["iteration"] < ITERATIONS]
     assert [r["staleness_max"] for r in rows] == [0.0] + [1.0] * (ITERATIONS - 1)
     steps = 2  # optimizer steps per iteration (2 mini-batches)
@@ -80,40 +106,15 @@ def _put_inbox(store: RunStore, name: str, table) -> None:
     store.put_bytes(f"inbox/{name}.ready", b"")
 
 
-def test_a_running_async_flow_scales_out_and_takes_inbox_experience(tiny_model, tmp_path, prefect_harness):
-    """An async run with an outside producer's two scored groups and a bad file in its inbox (the groups replace
-    two of the first iteration's prompts and are trained on; the bad file is refused and kept with the field that
-    is wrong), and `grpo scale RUN --samplers 2` while it goes (from the next iteration on two samplers draw rows;
-    the new one loaded the current weights first)."""
-    import threading
-    import time
-
-    from flows.grpo_train import grpo_train
-    from grpo_core.cli import main as grpo_cli
-
-    cfg = tiny_config(tiny_model, str(tmp_path), run_name="live", iterations=5, eval__interval=0,
-                      rollout__max_staleness=1, cluster__placement="split", cluster__sampler_resources={"num_cpus": 0.5},
-                      weights__transport="broadcast")
-    store = RunStore(str(tmp_path), "live")
-    asked: list[int] = []
-
-    def operate_after_iteration_1() -> None:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            try:
-                if 1 in store.read_metrics().column("iteration").to_pylist():
-                    asked.append(grpo_cli(["scale", "live", "--samplers", "2", "--root", str(tmp_path)]))
-                    return
-            except (OSError, KeyError):
-                pass
-            time.sleep(0.05)
-
-    _put_inbox(store, "a-bad", _inbox_item(tiny_model, 1, version=0).drop_columns(["reward"]))
-    _put_inbox(store, "b-env", _inbox_item(tiny_model, 2, version=0))
-    threading.Thread(target=operate_after_iteration_1, daemon=True).start()
-    grpo_train(config=cfg)
+def test_a_running_async_flow_scales_out_and_takes_inbox_experience(reference):
+    """The run's inbox held an outside producer's two scored groups and a bad file: the groups replace two of the
+    first iteration's prompts and are trained on; the bad file is refused and kept with the field that is wrong.
+    `grpo scale ref --samplers 2` while it goes: from the next iteration on two samplers draw rows, the new one having
+    loaded the current weights first."""
+    root, asked = reference
+    store = RunStore(str(root), "ref")
     assert asked == [0]
-    rows = [r for r in store.read_metrics().to_pylist() if r["iteration"] < 5]
+    rows = [r for r in store.read_metrics().to_pylist() if r["iteration"] < ITERATIONS]
     counts = [r["samplers"] for r in rows]
     assert counts[:2] == [1, 1] and counts[-1] == 2 and counts == sorted(counts), counts
     first = counts.index(2)
@@ -124,12 +125,12 @@ def test_a_running_async_flow_scales_out_and_takes_inbox_experience(tiny_model, 
     # The batch sampled while the iteration that scaled up trained is drawn by both samplers.
     assert set(store.get_table(first + 1, "rollouts.parquet").column("sampler_id").to_pylist()) == {0, 1}
 
-    assert [r["inbox_groups"] for r in rows] == [2, 0, 0, 0, 0]
+    assert [r["inbox_groups"] for r in rows] == [2] + [0] * (ITERATIONS - 1)
     took = 0
     scored = store.get_table(took, "scored.parquet")
-    assert scored.num_rows == 8 * 4 and store.get_table(took, "rollouts.parquet").num_rows == 6 * 4
+    assert scored.num_rows == 4 * 4 and store.get_table(took, "rollouts.parquet").num_rows == 2 * 4
     assert scored.column("sampler_id").to_pylist()[-8:] == [-1] * 8
-    assert scored.column("group_id").to_pylist()[-8:] == [6] * 4 + [7] * 4
+    assert scored.column("group_id").to_pylist()[-8:] == [2] * 4 + [3] * 4
     assert store.entry(took, "train.json") is not None
     error = store.get_json_file("inbox/rejected/a-bad.error.json")
     assert error["field"] == "reward" and error["error"] == "column is missing"
