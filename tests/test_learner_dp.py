@@ -43,6 +43,10 @@ def _rank_main(rank: int, port: int, model: str, zero: int, out: str, train: dic
         torch.save({"weights": weights, "metrics": metrics}, out)
     else:
         torch.save({"metrics": metrics}, out + ".rank1")
+    # Leave the group before the interpreter exits: a rank that exited holding it once aborted in its teardown
+    # ("terminate called without an active exception", SIGABRT) after its results were written.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def _free_port() -> int:
