@@ -32,6 +32,7 @@ from grpo_core.storage import RunStore
 from tests.conftest import REPO, tiny_config
 from tests.netns import Host, Topology, available
 from tests.netns_cluster import BUCKET, OUR_PROCESSES, RAY_WORKER_PORTS, NetnsCluster, RayNode
+from tests.watchers import actor_runs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -166,7 +167,7 @@ def _when_busy(proc, store: RunStore, after_iteration: int, host: Host, method: 
         time.sleep(0.05)
     worker = _engine_worker(host)
     while time.monotonic() < deadline:
-        if f"EngineWorker.{method}" in " ".join(worker.cmdline()):
+        if actor_runs(worker, method):
             return time.monotonic()
         time.sleep(0.001)
     raise AssertionError(f"the engine actor on {host.name} never ran {method}")

@@ -19,11 +19,28 @@ def recorded(store: RunStore, iteration: int) -> bool:
         return False
 
 
+def actor_runs(p: psutil.Process, method: str) -> bool:
+    """Whether Ray's title of the engine actor process ``p`` says it is inside ``method``
+    (``ray::EngineWorker.<method>``), the method's name matched whole: ``sampler_logprobs`` starts with ``sample``."""
+    return f"EngineWorker.{method} " in " ".join(p.cmdline()) + " "
+
+
+def _sampling(p: psutil.Process) -> bool:
+    return actor_runs(p, "sample")
+
+
 def during_rollout(store: RunStore, after_iteration: int, stop: threading.Event,
                    action: Callable[[psutil.Process], None]) -> list[int]:
     """Once ``after_iteration`` is in metrics.parquet, call ``action`` with the first sampler actor process seen
-    inside ``sample`` (Ray titles a busy actor process ``ray::EngineWorker.sample``), i.e. in the middle of a
-    rollout. Returns a list that gets that process's pid once the action ran."""
+    inside ``sample``, i.e. in the middle of a rollout. Returns a list that gets that process's pid once the action
+    ran.
+
+    Ray titles an actor process ``ray::EngineWorker.sample`` while that method runs and puts its plain title back
+    when it returns (``ray._private.worker._changeproctitle``). The title is matched whole: ``sampler_logprobs``
+    (the sync check) starts with ``sample``, and a substring match once killed the sampler there, where the flow
+    recovers differently. A title read, then an action, would still race the tiny model's rollout (a few
+    milliseconds): the process is stopped first and its title read again while it cannot change, so the action lands
+    inside ``sample`` or not at all (the process is let go and watched again)."""
     fired: list[int] = []
 
     def watch() -> None:
@@ -32,10 +49,16 @@ def during_rollout(store: RunStore, after_iteration: int, stop: threading.Event,
         while not stop.is_set() and not fired:
             for p in psutil.Process().children(recursive=True):
                 try:
-                    if "EngineWorker.sample" in " ".join(p.cmdline()):
-                        action(p)
+                    if not _sampling(p):
+                        continue
+                    p.suspend()
+                    while p.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                        time.sleep(0.0005)
+                    if _sampling(p):
+                        action(p)  # the process is left as the action leaves it
                         fired.append(p.pid)
                         return
+                    p.resume()
                 except psutil.NoSuchProcess:
                     pass
             time.sleep(0.002)
