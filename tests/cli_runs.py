@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from grpo_core import checkpoint
 from grpo_core.storage import RunStore
 from tests.conftest import REPO
+from tests.watchers import suspended
 
 
 def api_env() -> dict[str, str]:
@@ -78,14 +79,12 @@ def stop_once_listed(store: RunStore, proc: subprocess.Popen, log: Path, iterati
     wait_listed(store, *near, proc, log)
     flow = psutil.Process(proc.pid)
     while True:
-        proc.send_signal(signal.SIGSTOP)
-        while flow.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-            time.sleep(0.0005)
+        suspended(flow)
         if store.entry(iteration, name) is not None:
             return
         if proc.poll() is not None:
             raise AssertionError(f"the run ended (rc {proc.returncode}) before the stop point:\n{log.read_text()}")
-        proc.send_signal(signal.SIGCONT)
+        flow.resume()
         time.sleep(0.002)
 
 

@@ -25,8 +25,12 @@ def actor_runs(p: psutil.Process, method: str) -> bool:
     return f"EngineWorker.{method} " in " ".join(p.cmdline()) + " "
 
 
-def _sampling(p: psutil.Process) -> bool:
-    return actor_runs(p, "sample")
+def suspended(p: psutil.Process) -> None:
+    """SIGSTOP ``p`` and return once it is stopped (or gone): the signal is delivered asynchronously, and what is read
+    of the process or its files afterwards must not change under the reader."""
+    p.suspend()
+    while p.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+        time.sleep(0.0005)
 
 
 def during_rollout(store: RunStore, after_iteration: int, stop: threading.Event,
@@ -49,12 +53,10 @@ def during_rollout(store: RunStore, after_iteration: int, stop: threading.Event,
         while not stop.is_set() and not fired:
             for p in psutil.Process().children(recursive=True):
                 try:
-                    if not _sampling(p):
+                    if not actor_runs(p, "sample"):
                         continue
-                    p.suspend()
-                    while p.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-                        time.sleep(0.0005)
-                    if _sampling(p):
+                    suspended(p)
+                    if actor_runs(p, "sample"):
                         action(p)  # the process is left as the action leaves it
                         fired.append(p.pid)
                         return
