@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -20,7 +21,8 @@ import pyarrow.parquet as pq
 
 # Columns that measure time (wall seconds, stage timestamps) or the attempt, not what the run computed.
 _TIMING = ("time_", "_started_at", "_ended_at", "seconds", "checkpoint_snapshot_s")
-# Per-row columns of the stage files that are timings too.
+# Per-row columns of the stage files that are timings too, and the same key inside a JSON column's values (a tool
+# call's seconds in a multi-turn episode's ``episode_turns``).
 _ROW_TIMING = ("seconds",)
 
 
@@ -61,10 +63,32 @@ def compare_stage_files(a: Path, b: Path) -> tuple[int, list[str]]:
                 continue
             ta, tb = pq.read_table(f), pq.read_table(other)
             cols = [c for c in ta.column_names if c not in _ROW_TIMING]
-            if cols != [c for c in tb.column_names if c not in _ROW_TIMING] or ta.select(cols) != tb.select(cols):
+            if cols != [c for c in tb.column_names if c not in _ROW_TIMING] or \
+                    any(_untimed(ta.column(c).to_pylist()) != _untimed(tb.column(c).to_pylist()) for c in cols):
                 problems.append(f"{folder.name}/{f.name} differs")
             compared += 1
     return compared, problems
+
+
+def _without_timing(value):
+    if isinstance(value, dict):
+        return {k: _without_timing(v) for k, v in value.items() if k not in _ROW_TIMING}
+    if isinstance(value, list):
+        return [_without_timing(v) for v in value]
+    return value
+
+
+def _untimed(values: list) -> list:
+    """A column's values, with the timing keys left out of the JSON documents among them."""
+    out = []
+    for v in values:
+        if isinstance(v, str) and v[:1] in "[{":
+            try:
+                v = _without_timing(json.loads(v))
+            except json.JSONDecodeError:
+                pass
+        out.append(v)
+    return out
 
 
 def compare_weights(a: Path, b: Path) -> tuple[int, list[str]]:

@@ -22,10 +22,10 @@ def _names(sft_config_path: str, rl_config_path: str, sft_overrides: list[str] |
            rl_overrides: list[str] | None) -> tuple[str, str]:
     sft = flow_config(None, sft_config_path, sft_overrides)
     rl = flow_config(None, rl_config_path, rl_overrides)
-    if sft.sft is None:
+    if sft.kind.flow != grpo_sft.name:
         raise ConfigError(f"{sft_config_path}: the first stage is SFT: its config must set sft (and data.format: "
                           f"chat)")
-    if rl.sft is not None:
+    if rl.kind.flow != grpo_train.name:
         raise ConfigError(f"{rl_config_path}: the second stage is RL: its config must not set sft")
     if sft.storage.root != rl.storage.root:
         raise ConfigError(f"the RL run starts from the SFT run by name, under one storage.root: {sft_config_path} "

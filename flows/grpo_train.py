@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -29,89 +30,54 @@ from grpo_core.cluster.engines import EngineLost, Engines
 from grpo_core.cluster.reward_models import RewardModels
 from grpo_core.cluster.teacher import TeacherActors
 from grpo_core.config import ConfigError, GRPOConfig, build_config, check_model_folder, load_config
-from grpo_core.data.chat import ConversationTokenizer, end_of_turn_ids
 from grpo_core.metric_sinks import MetricSinks
 from grpo_core.pipeline.evaluation import EvalScorers, load_eval_sets
-from grpo_core.pipeline.prompts import PromptStream, PromptTokenizer
+from grpo_core.pipeline.prompts import PromptStream
 from grpo_core.progress import Progress, iteration_line
 from grpo_core.report import plot_curves, plot_timeline, summary_lines
 from grpo_core.rewards.scorer import Scorer
 from grpo_core.runs import RunStatus, requested_samplers
 from grpo_core.storage import RunStore
-from tasks.checkpoint import begin_checkpoint, commit_checkpoint, restore, save_final
+from tasks.batch_sources import Batch, BatchSource, batch_source
 from tasks.console import RunConsole
-from tasks.context import Opaque, RunContext
-from tasks.conversations import conversations
+from tasks.context import RunContext
 from tasks.endpoint import close_endpoint, open_endpoint, paused
-from tasks.evaluate import evaluate
-from tasks.gate import gate
-from tasks.inbox import take_inbox
-from tasks.io_retry import io_retry_options
-from tasks.outside import close_outside, fill_inbox, open_outside
-from tasks.results import (EvalResult, FillResult, InboxResult, IterationTimes, RolloutResult, ScoreResult,
-                           iteration_row)
-from tasks.rollout import rollout
+from tasks.results import EvalResult, IterationRecord, IterationTimes
 from tasks.run_log import run_logging
-from tasks.run_state import (RunInputs, latest_checkpoint, prepare_run, record, resolve_inputs, scale_samplers,
-                             write_status)
-from tasks.score import assemble, group_outcomes, score
-from tasks.sync import ensure_synced, sync
-from tasks.train import train
+from tasks.run_state import RunInputs
+from tasks.score import group_outcomes
+from tasks.stage_timer import StageTimer
+from tasks.stages import Stages
+from tasks.sync import ensure_synced
 
 
 class RunFailed(RuntimeError):
     """The run cannot go on in this flow run; the message says why and where it can be resumed from."""
 
 
-class _Stages:
-    """The flow run's tasks, each with the storage retry policy of this run's config, called through `Opaque`.
-    Every stage the flow runs goes through one of these."""
-
-    def __init__(self, cfg: GRPOConfig):
-        opts = io_retry_options(cfg.storage)
-
-        def stage(fn) -> Opaque:
-            return Opaque(fn.with_options(**opts))
-
-        self.prepare_run, self.resolve_inputs = stage(prepare_run), stage(resolve_inputs)
-        self.take_inbox, self.rollout, self.score, self.assemble = \
-            stage(take_inbox), stage(rollout), stage(score), stage(assemble)
-        self.fill_inbox, self.conversations = stage(fill_inbox), stage(conversations)
-        self.train, self.sync, self.evaluate = stage(train), stage(sync), stage(evaluate)
-        self.begin_checkpoint, self.commit_checkpoint = stage(begin_checkpoint), stage(commit_checkpoint)
-        self.latest_checkpoint, self.restore, self.save_final = \
-            stage(latest_checkpoint), stage(restore), stage(save_final)
-        self.record, self.write_status, self.scale_samplers = stage(record), stage(write_status), stage(scale_samplers)
-        self.gate = stage(gate)
-
-
-def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, inputs: RunInputs) -> RunContext:
+def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, inputs: RunInputs,
+                   resources: ExitStack) -> RunContext:
+    """The run's data, engines, scorers and the actors its kind needs, each stopped by ``resources`` when the run
+    ends (or at once, if a later one fails to start)."""
     from transformers import AutoTokenizer
 
     from grpo_core.data.files import merged, read_prompt_files
     from grpo_core.data.precheck import check_lengths
 
-    d, files = cfg.data, inputs.data_files
+    d, files, kind = cfg.data, inputs.data_files, cfg.kind
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    if cfg.sft is not None:  # SFT: conversations, the loss on their assistant turns
-        encoder = ConversationTokenizer(tokenizer, cfg.reward.type, d.system_prompt, cfg.sft.max_tokens,
-                                        end_of_turn_ids(cfg.model.path, tokenizer))
-    else:
-        encoder = PromptTokenizer(tokenizer, cfg.reward.type, d.system_prompt, d.max_prompt_tokens,
-                                  [t.model_dump() for t in d.few_shot])
+    encoder = kind.encoder(cfg, tokenizer)
     read = dict(format=d.format, prompt_key=d.prompt_key, answer_key=d.answer_key, on_bad_row=d.on_bad_row,
                 storage_options=cfg.storage.options or None)
-    limit = cfg.sft.max_tokens if cfg.sft is not None else d.max_prompt_tokens
     # every row's length checked now, with data.on_bad_row, not when a batch first draws the row
-    train_parts = [check_lengths(part, encoder, limit, d.on_bad_row)
+    train_parts = [check_lengths(part, encoder, kind.row_limit(cfg), d.on_bad_row)
                    for part in read_prompt_files(files["train"], **read)]
     train_set = merged(train_parts)
-    rounds = 1 + (cfg.algo.max_resample_times if cfg.algo.filter_groups else 0)
     pool = dict(pool_skips=(d.pool_easy_skips, d.pool_hard_skips),
-                outcomes=partial(group_outcomes, store, cfg.algo.filter_groups, cfg.rollout.samples_per_prompt)) \
+                outcomes=partial(group_outcomes, store, cfg.rollout.samples_per_prompt)) \
         if d.sampler == "difficulty_pool" else {}
-    stream = PromptStream(train_set, encoder, batch_size=cfg.rollout.prompts_per_iteration, seed=cfg.seed,
-                          shuffle=d.shuffle, rounds_per_iteration=rounds, **pool)
+    stream = PromptStream(train_set, encoder, batch_size=kind.rows_per_iteration(cfg), seed=cfg.seed,
+                          shuffle=d.shuffle, rounds_per_iteration=cfg.sampling_rounds, **pool)
     sets = [(part.source, part.skipped) for part in train_parts]
     eval_sets = load_eval_sets(cfg, tokenizer, cfg.storage.options or None, files) if cfg.eval.interval > 0 else []
     sets += [(s.source, s.skipped) for s in eval_sets]
@@ -122,88 +88,27 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, inputs: 
             print(f"skipped {len(rows)} bad rows of {source} (data.on_bad_row=skip), listed in "
                   f"{store.uri}/skipped_rows.json; first: {rows[0]}")
     engines = Engines(cfg)
+    resources.callback(engines.close)
     r = cfg.reward
-    reward_models = teacher = None
-    try:
-        if r.models or cfg.distill is not None:  # their actors go on the run's Ray (else a default Ray would start)
-            engines.connect()
-        if r.models:
-            reward_models = RewardModels(cfg)
-        if cfg.distill is not None:
-            teacher = TeacherActors(cfg, inputs.teacher_folder)
-        scorer = Scorer(reward_type=r.type, rewards=r.rewards, weights=r.weights, num_workers=r.num_workers,
-                        timeout_s=r.timeout_s, options=r.options, dedupe=r.dedupe,
-                        models=reward_models.clients() if reward_models else None)
-    except BaseException:  # no context holds them yet: stop what started
-        if reward_models is not None:
-            reward_models.close()
-        if teacher is not None:
-            teacher.close()
-        engines.close()
-        raise
+    reward_models = None
+    if r.models or inputs.teacher_folder is not None:  # their actors go on the run's Ray (else a default one starts)
+        engines.connect()
+    if r.models:
+        reward_models = RewardModels(cfg)
+        resources.callback(reward_models.close)
+    teacher = None
+    if inputs.teacher_folder is not None:  # the kind's teacher (grpo_core.run_kinds), resolved to a folder
+        teacher = TeacherActors(cfg, inputs.teacher_folder)
+        resources.callback(teacher.close)
+    scorer = Scorer(reward_type=r.type, rewards=r.rewards, weights=r.weights, num_workers=r.num_workers,
+                    timeout_s=r.timeout_s, options=r.options, dedupe=r.dedupe,
+                    models=reward_models.clients() if reward_models else None)
+    resources.callback(scorer.close)
+    eval_scorers = EvalScorers(cfg, eval_sets, scorer) if eval_sets else None
+    if eval_scorers is not None:
+        resources.callback(eval_scorers.close)
     return RunContext(cfg=cfg, store=store, engines=engines, scorer=scorer, train_prompts=stream, status=status,
-                      eval_sets=eval_sets, eval_scorers=EvalScorers(cfg, eval_sets, scorer) if eval_sets else None,
-                      reward_models=reward_models, teacher=teacher)
-
-
-@dataclass
-class _Batch:
-    """One iteration's training batch as collected: rollout task results (one per dynamic-sampling round), the
-    score result, the seconds spent inside the engines and scorer, the wall seconds, stage timestamps, and the
-    take-inbox result."""
-    rollouts: list[RolloutResult]
-    scored: ScoreResult
-    inside: float
-    wall: float
-    stamps: dict[str, float]
-    inbox: InboxResult  # what the iteration took from the inbox
-    filled: FillResult | None = None  # what its outside source put into the inbox first (atropos, endpoint.clients)
-
-
-def _collect_batch(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
-    """Rollout then score. Dynamic sampling (algo.filter_groups) adds rounds until enough groups have mixed
-    outcomes or `max_resample_times` more rounds were sampled, then assembles the batch."""
-    import torch
-
-    from grpo_core.algo import DynamicBatch
-
-    cfg = ctx.cfg
-    t0, stamps = time.perf_counter(), {"rollout_started_at": ctx.clock()}
-    rollouts, scored = [], []
-    batch = DynamicBatch(cfg.rollout.prompts_per_iteration, cfg.algo.max_resample_times, cfg.algo.filter_range) \
-        if cfg.algo.filter_groups else None
-    filled = stages.fill_inbox(ctx, iteration) if ctx.outside is not None else None
-    taken = stages.take_inbox(ctx, iteration) if cfg.window.takes_inbox(cfg.algo.filter_groups) else None
-    while not rollouts or (batch is not None and not (batch.full or batch.exhausted)):
-        rollouts.append(stages.rollout(ctx, iteration, len(rollouts)))
-        stamps["rollout_ended_at"] = ctx.clock()
-        stamps.setdefault("score_started_at", stamps["rollout_ended_at"])
-        scored.append(stages.score(ctx, iteration, rollouts[-1].name))
-        stamps["score_ended_at"] = ctx.clock()
-        if batch is not None:
-            success = torch.tensor(scored[-1].group_success, dtype=torch.float64)
-            batch.add(success, list(range(success.shape[0])))
-    if batch is None:
-        sc = scored[0]
-    else:  # the assembled batch: the first round's reward metrics, the group counts, every round's seconds
-        out = stages.assemble(ctx, iteration, [s.name for s in scored])
-        sc = ScoreResult(out.name, out.rows, False, {**scored[0].metrics, **out.metrics,
-                                                     "score_seconds": sum(s.seconds for s in scored)})
-    inside = sum(r.seconds for r in rollouts if not r.reused) + sc.seconds
-    return _Batch(rollouts, sc, inside, time.perf_counter() - t0, stamps, taken or InboxResult(), filled)
-
-
-def _collect_conversations(ctx: RunContext, stages: _Stages, iteration: int) -> _Batch:
-    """SFT: the iteration's conversations are its batch; nothing is sampled or scored."""
-    t0, stamps = time.perf_counter(), {"rollout_started_at": ctx.clock()}
-    rollout, scored = stages.conversations(ctx, iteration)
-    stamps["rollout_ended_at"] = stamps["score_started_at"] = stamps["score_ended_at"] = ctx.clock()
-    return _Batch([rollout], scored, 0.0, time.perf_counter() - t0, stamps, InboxResult())
-
-
-def _collector(cfg: GRPOConfig):
-    """How a run collects an iteration's batch: sampled and scored (RL), or its conversations (SFT)."""
-    return _collect_conversations if cfg.sft is not None else _collect_batch
+                      eval_sets=eval_sets, eval_scorers=eval_scorers, reward_models=reward_models, teacher=teacher)
 
 
 def _run_start_time():
@@ -242,11 +147,7 @@ def grpo_train(config_path: str | None = None, overrides: list[str] | None = Non
                config: dict | None = None) -> dict[str, Any]:
     """Train a policy with GRPO-family RL. Give a YAML path (+ `key=value` overrides) or a config dict.
     A run name whose folder exists is resumed from its latest checkpoint."""
-    cfg = flow_config(config, config_path, overrides)
-    if cfg.sft is not None:
-        raise ConfigError(f"run {cfg.run_name}: the config sets sft (supervised fine-tuning): run it with `grpo sft` "
-                          f"(the grpo-sft flow)")
-    return asdict(_run_flow(cfg))
+    return asdict(_run_flow(flow_config(config, config_path, overrides), "grpo-train"))
 
 
 @flow(name="grpo-sft", flow_run_name=_flow_run_name, log_prints=True)
@@ -256,14 +157,13 @@ def grpo_sft(config_path: str | None = None, overrides: list[str] | None = None,
     assistant turns, in the learner, run folder, checkpoints, resume and evaluation of RL runs. Give a YAML path
     (+ `key=value` overrides) or a config dict. A run name whose folder exists is resumed from its latest
     checkpoint."""
-    cfg = flow_config(config, config_path, overrides)
-    if cfg.sft is None:
-        raise ConfigError(f"run {cfg.run_name}: grpo-sft needs a config with sft set (and data.format: chat); an RL "
-                          f"config runs with `grpo train`")
-    return asdict(_run_flow(cfg))
+    return asdict(_run_flow(flow_config(config, config_path, overrides), "grpo-sft"))
 
 
-def _run_flow(cfg: GRPOConfig) -> "RunOutcome":
+def _run_flow(cfg: GRPOConfig, flow_name: str) -> "RunOutcome":
+    refusal = cfg.kind.wrong_flow(cfg.run_name, flow_name)
+    if refusal is not None:
+        raise ConfigError(refusal)
     check_model_folder(cfg)
     store = RunStore(cfg.storage.root, cfg.run_name, cfg.storage.options)
     _tag_flow_run(cfg)
@@ -288,45 +188,31 @@ class RunOutcome:
 
 
 def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> RunOutcome:
-    stages = _Stages(cfg)
+    stages = Stages(cfg)
     started = time.perf_counter()
     plan = stages.prepare_run(cfg, store)
     for change in plan.config_changes:
         print(f"config change on resume: {change}")
     if plan.finished:
         return _gated(cfg, store, stages, _already_finished(cfg, store))
-    ctx = None
-    try:
-        inputs = stages.resolve_inputs(cfg, store)
-        print(f"starting weights: {inputs.weights_from}; train data: " + ", ".join(inputs.data_files["train"]))
-        if inputs.teacher_folder is not None:
-            print(f"distillation teacher: {inputs.teacher_from}")
-        ctx = _build_context(cfg.starting_from(inputs.weights_folder), store, plan.status, inputs)
-        outcome = _train(ctx, stages, plan.checkpoint, started, terminal)
-    except BaseException as exc:
+    with ExitStack() as resources:  # the run's engines, actors, scorers, endpoint and source: closed in reverse
         try:
-            stages.write_status(store, plan.status, "failed", f"{type(exc).__name__}: {exc}")
-        except Exception as status_exc:  # noqa: BLE001 - never mask the failure itself
-            print(f"could not record the failure in status.json: {status_exc!r}")
-        raise
-    finally:
-        if ctx is not None:
-            if ctx.outside is not None:
-                close_outside(ctx.outside)
-            if ctx.endpoint is not None:
-                close_endpoint(ctx.endpoint)
-            ctx.scorer.close()
-            if ctx.eval_scorers is not None:
-                ctx.eval_scorers.close()
-            if ctx.reward_models is not None:
-                ctx.reward_models.close()
-            if ctx.teacher is not None:
-                ctx.teacher.close()
-            ctx.engines.close()
+            inputs = stages.resolve_inputs(cfg, store)
+            print(f"starting weights: {inputs.weights_from}; train data: " + ", ".join(inputs.data_files["train"]))
+            if inputs.teacher_folder is not None:
+                print(f"distillation teacher: {inputs.teacher_from}")
+            ctx = _build_context(cfg.starting_from(inputs.weights_folder), store, plan.status, inputs, resources)
+            outcome = _train(ctx, stages, plan.checkpoint, started, terminal, resources)
+        except BaseException as exc:
+            try:
+                stages.write_status(store, plan.status, "failed", f"{type(exc).__name__}: {exc}")
+            except Exception as status_exc:  # noqa: BLE001 - never mask the failure itself
+                print(f"could not record the failure in status.json: {status_exc!r}")
+            raise
     return _gated(cfg, store, stages, outcome)
 
 
-def _gated(cfg: GRPOConfig, store: RunStore, stages: _Stages, outcome: "RunOutcome") -> "RunOutcome":
+def _gated(cfg: GRPOConfig, store: RunStore, stages: Stages, outcome: "RunOutcome") -> "RunOutcome":
     """The eval gate after training (cfg.gate set), once the run's engines are gone: its outcome joins the
     flow run's result. A finished run whose gate never ran, or found the registry unavailable, gates again."""
     from grpo_core.promotion import gate_pending
@@ -342,7 +228,7 @@ def run_tags(cfg: GRPOConfig) -> list[str]:
     import os
 
     tags = [f"objective:{cfg.objective}", f"model:{os.path.basename(os.path.normpath(cfg.model.path))}",
-            f"placement:{cfg.cluster.placement}"] + ([f"preset:{cfg.algo.preset}"] if cfg.sft is None else [])
+            f"placement:{cfg.cluster.placement}"] + cfg.kind.tags(cfg)
     return tags + (["lora"] if cfg.model.lora is not None else [])
 
 
@@ -372,7 +258,8 @@ def _already_finished(cfg: GRPOConfig, store: RunStore) -> RunOutcome:
                       final_eval_accuracy=evals[-1] if evals else None, summary=lines, resumed_from=None)
 
 
-def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Console) -> RunOutcome:
+def _train(ctx: RunContext, stages: Stages, ref, started: float, terminal: Console,
+           resources: ExitStack) -> RunOutcome:
     cfg, store = ctx.cfg, ctx.store
     info = ctx.engines.start()
     ctx.status.actors = info.actors
@@ -389,12 +276,14 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Cons
     start = ref.next_iteration if ref is not None else 0
     if cfg.endpoint is not None:  # the samplers hold the run's weights now
         ctx.endpoint = open_endpoint(ctx)
-    if cfg.endpoint is not None:  # an outside source samples through the endpoint (None: the run samples itself)
-        ctx.outside = open_outside(ctx, start)
+        resources.callback(close_endpoint, ctx.endpoint)
+    source = batch_source(cfg, stages)
+    source.open(ctx, start)  # an outside source samples through the endpoint
+    resources.callback(source.close)
     console = RunConsole(cfg.run_name, cfg.iterations, store.read_metrics().to_pylist(),
                          min_interval_s=cfg.logging.console_interval_s)
     try:
-        last_eval = _iterate_with_recovery(ctx, stages, start, console, terminal)
+        last_eval = _iterate_with_recovery(ctx, stages, source, start, console, terminal)
     except BaseException:
         try:  # the rows recorded since the last publication, for whoever looks at the failed run
             console.publish()
@@ -419,7 +308,7 @@ def _train(ctx: RunContext, stages: _Stages, ref, started: float, terminal: Cons
                       replaced_samplers=ctx.engines.replaced_samplers, actors=list(ctx.status.actors))
 
 
-def _iterate_with_recovery(ctx: RunContext, stages: _Stages, start: int, console: RunConsole,
+def _iterate_with_recovery(ctx: RunContext, stages: Stages, source: BatchSource, start: int, console: RunConsole,
                            terminal: Console) -> EvalResult | None:
     """Run the iterations from `start`; an engine actor lost mid-run is recreated and the run continues from the
     latest checkpoint, at most ``cluster.max_actor_restarts`` times. Returns the last evaluation."""
@@ -427,7 +316,7 @@ def _iterate_with_recovery(ctx: RunContext, stages: _Stages, start: int, console
     while True:
         sinks = MetricSinks(cfg, store, start)  # (re)opened where the iterations (re)start
         try:
-            return _run_iterations(ctx, stages, start, console, terminal, sinks)
+            return _run_iterations(ctx, stages, source, start, console, terminal, sinks)
         except EngineLost as lost:
             ctx.pending_checkpoint = None  # its writer died with the actor; it never counts
             ctx.status.recoveries += 1
@@ -453,99 +342,120 @@ def _iterate_with_recovery(ctx: RunContext, stages: _Stages, start: int, console
             sinks.close()
 
 
-def _run_iterations(ctx: RunContext, stages: _Stages, start: int, console: RunConsole, terminal: Console,
-                    sinks: MetricSinks) -> EvalResult | None:
+class _Published:
+    """Where a recorded row goes: the run folder's metrics, the metric sinks, the Prefect UI's artifacts, the
+    terminal's line and progress bar."""
+
+    def __init__(self, ctx: RunContext, stages: Stages, sinks: MetricSinks, console: RunConsole, progress: Progress):
+        self.ctx, self.stages, self.sinks, self.console, self.progress = ctx, stages, sinks, console, progress
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        self.stages.record(self.ctx.store, self.ctx.status, row)
+        self.sinks.log(row)
+        if row["iteration"] < self.ctx.cfg.iterations:
+            self.console.iteration_done(row)
+        print(iteration_line(row))
+        self.progress.update(row)
+
+
+def _run_iterations(ctx: RunContext, stages: Stages, source: BatchSource, start: int, console: RunConsole,
+                    terminal: Console, sinks: MetricSinks) -> EvalResult | None:
     """Iterations ``start..iterations-1`` and the final evaluation; returns the last evaluation. Each recorded
     row and evaluation also goes to the run's artifacts in the Prefect UI (``console``)."""
     from prefect.runtime import flow_run
 
-    cfg, store = ctx.cfg, ctx.store
-    window = cfg.window  # the async rule: what is collected when, which rows may train
-    collect = _collector(cfg)
-    do_eval = bool(ctx.eval_sets) and cfg.eval.interval > 0
+    cfg = ctx.cfg
     last_eval: EvalResult | None = None
-    batches: dict[int, _Batch] = {}  # collected, not yet trained on (async: up to s ahead)
+    batches: dict[int, Batch] = {}  # collected, not yet trained on (async: up to s ahead)
     with Progress(cfg.iterations, console=terminal, completed=start, label=flow_run.flow_name or "grpo-train") \
             as progress:
+        publish = _Published(ctx, stages, sinks, console, progress)
         for it in range(start, cfg.iterations):
-            t0 = time.perf_counter()
-            wanted = requested_samplers(store) if cfg.placement.scale_refusal() is None else None
-            if wanted is not None and wanted != len(ctx.engines.samplers):
-                stages.scale_samplers(ctx, wanted)
-            samplers = len(ctx.engines.samplers.live_ids())
-            resync = ensure_synced(ctx, expected_learner_version=window.learner_version(it),
-                                   sync_stage=stages.sync)
-            evaluation, eval_s = None, None
-            if do_eval and it % cfg.eval.interval == 0:
-                evaluation = last_eval = stages.evaluate(ctx, it)
-                console.evaluation(it, last_eval)
-                eval_s = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            serial = 0.0
-            for j in window.collect_before_training(it, collected=set(batches)):
-                batches[j] = collect(ctx, stages, j)
-                serial += batches[j].inside
-            batch = batches.pop(it)
-            _poll_checkpoint(ctx, stages)
-            t2 = time.perf_counter()
-            ahead = window.beside_update(it)
-            if ahead is None:
-                tr = stages.train(ctx, it)
-            else:  # async: the rollout of iteration it + s runs while this one trains
-                training = stages.train.submit(ctx, it)
-                try:
-                    batches[ahead] = collect(ctx, stages, ahead)
-                finally:
-                    training.wait()
-                tr = training.result()
-            t3 = time.perf_counter()
-            sync_started = ctx.clock()
-            checked = it % cfg.weights.check_every == 0 or it == cfg.iterations - 1
-            sy = stages.sync(ctx, check=(it, batch.rollouts[0].name) if checked else None, iteration=it)
-            t4 = time.perf_counter()
-            check_s = sy.check_seconds or 0.0
-            overlapped = max(tr.seconds, batches[ahead].inside if ahead is not None else 0.0)
-            taken = batch.inbox
-            staleness = window.staleness_of(it, batch.rollouts[0].policy_version, cfg.batch_size, taken.rows,
-                                            taken.version_sum, taken.version_min)
-            times = IterationTimes(
-                eval_s=eval_s, rollout_s=batch.wall - batch.scored.seconds, train_s=t3 - t2,
-                sync_s=t4 - t3 - check_s, total_s=t4 - t0,
-                # orchestration: the iteration's wall time beyond the engines' work on its critical path
-                overhead_s=(t4 - t1) - serial - overlapped - sy.seconds - check_s,
-                stamps=batch.stamps, sync_started_at=sync_started, sync_ended_at=ctx.clock())
-            row = iteration_row(it, ctx.status.attempt, samplers, resync is not None, evaluation, batch.rollouts,
-                                batch.scored, taken, staleness, tr, sy, times, batch.filled)
-            # The checkpoint of iteration `it` is only started here (a copy in memory); it is committed later,
-            # after this row is recorded, so a resume from it always finds the rows of the iterations it holds.
-            if cfg.is_checkpoint_iteration(it):
-                t5 = time.perf_counter()
-                pending = stages.begin_checkpoint(ctx, it)
-                row["time_checkpoint_s"] = time.perf_counter() - t5
-                row["checkpoint_snapshot_s"] = pending.snapshot_seconds
-            else:
-                _poll_checkpoint(ctx, stages)
-            stages.record(store, ctx.status, row)
-            sinks.log(row)
-            console.iteration_done(row)
-            print(iteration_line(row))
-            progress.update(row)
-        final: dict[str, Any] = {"iteration": cfg.iterations, "eval_accuracy": None,
-                                 "run_attempt": ctx.status.attempt}
-        if do_eval:
-            t0 = time.perf_counter()
-            last_eval = stages.evaluate(ctx, cfg.iterations)
+            record = _iteration(ctx, stages, source, it, batches, console)
+            last_eval = record.evaluation or last_eval
+            publish(record.row())
+        if _evaluates(ctx):
+            timer = StageTimer()
+            with timer("eval"):
+                last_eval = stages.evaluate(ctx, cfg.iterations)
             console.evaluation(cfg.iterations, last_eval)
-            final.update({"eval_accuracy": last_eval.accuracy, "time_eval_s": time.perf_counter() - t0,
-                          "policy_version": last_eval.policy_version, **last_eval.metrics})
-            stages.record(store, ctx.status, final)
-            sinks.log(final)
-            print(iteration_line(final))
-            progress.update(final)
+            publish({"iteration": cfg.iterations, "eval_accuracy": last_eval.accuracy,
+                     "run_attempt": ctx.status.attempt, "time_eval_s": timer["eval"],
+                     "policy_version": last_eval.policy_version, **last_eval.metrics})
     return last_eval
 
 
-def _poll_checkpoint(ctx: RunContext, stages: _Stages) -> None:
+def _evaluates(ctx: RunContext, iteration: int | None = None) -> bool:
+    """Whether the run evaluates at all (``iteration`` None), or before ``iteration``."""
+    interval = ctx.cfg.eval.interval
+    return bool(ctx.eval_sets) and interval > 0 and (iteration is None or iteration % interval == 0)
+
+
+def _iteration(ctx: RunContext, stages: Stages, source: BatchSource, it: int, batches: dict[int, Batch],
+               console: RunConsole) -> IterationRecord:
+    """One iteration: the samplers' count and weights checked, the evaluation when due, the batch collected (in
+    async RL, the next ones too), the update, the weight sync, and the checkpoint started when due."""
+    cfg, window, timer = ctx.cfg, ctx.cfg.window, StageTimer()
+    with timer("prepare"):
+        wanted = requested_samplers(ctx.store) if cfg.placement.scale_refusal() is None else None
+        if wanted is not None and wanted != len(ctx.engines.samplers):
+            stages.scale_samplers(ctx, wanted)
+        samplers = len(ctx.engines.samplers.live_ids())
+        resync = ensure_synced(ctx, expected_learner_version=window.learner_version(it), sync_stage=stages.sync)
+    evaluation = None
+    if _evaluates(ctx, it):
+        with timer("eval"):
+            evaluation = stages.evaluate(ctx, it)
+        console.evaluation(it, evaluation)
+    serial = 0.0  # seconds inside the engines on the critical path
+    with timer("collect"):
+        for j in window.collect_before_training(it, collected=set(batches)):
+            batches[j] = source.collect(ctx, j)
+            serial += batches[j].inside
+        batch = batches.pop(it)
+        _poll_checkpoint(ctx, stages)
+    ahead = window.beside_update(it)
+    with timer("train"):
+        if ahead is None:
+            tr = stages.train(ctx, it)
+        else:  # async: the rollout of iteration it + s runs while this one trains
+            training = stages.train.submit(ctx, it)
+            try:
+                batches[ahead] = source.collect(ctx, ahead)
+            finally:
+                training.wait()
+            tr = training.result()
+    sync_started = ctx.clock()
+    checked = it % cfg.weights.check_every == 0 or it == cfg.iterations - 1
+    with timer("sync"):
+        sy = stages.sync(ctx, check=(it, batch.check_file) if checked else None, iteration=it)
+    sync_ended, check_s = ctx.clock(), sy.check_seconds or 0.0
+    overlapped = max(tr.seconds, batches[ahead].inside if ahead is not None else 0.0)
+    times = IterationTimes(
+        eval_s=timer["eval"] if evaluation else None, rollout_s=batch.wall - batch.scored.seconds,
+        train_s=timer["train"], sync_s=timer["sync"] - check_s, total_s=timer.total(),
+        # orchestration: the iteration's wall time beyond the engines' work on its critical path
+        overhead_s=timer["collect"] + timer["train"] + timer["sync"] - serial - overlapped - sy.seconds - check_s,
+        stamps=batch.stamps, sync_started_at=sync_started, sync_ended_at=sync_ended)
+    taken = batch.inbox
+    record = IterationRecord(
+        iteration=it, attempt=ctx.status.attempt, samplers=samplers, resynced=resync is not None,
+        evaluation=evaluation, rollouts=batch.rollouts, scored=batch.scored, inbox=taken, filled=batch.filled,
+        staleness=window.staleness_of(it, batch.rollouts[0].policy_version, cfg.batch_size, taken.rows,
+                                      taken.version_sum, taken.version_min),
+        train=tr, sync=sy, times=times)
+    # The checkpoint of iteration `it` is only started here (a copy in memory); it is committed later, after this
+    # row is recorded, so a resume from it always finds the rows of the iterations it holds.
+    if cfg.is_checkpoint_iteration(it):
+        with timer("checkpoint"):
+            pending = stages.begin_checkpoint(ctx, it)
+        record = replace(record, checkpoint_s=timer["checkpoint"], checkpoint_snapshot_s=pending.snapshot_seconds)
+    else:
+        _poll_checkpoint(ctx, stages)
+    return record
+
+
+def _poll_checkpoint(ctx: RunContext, stages: Stages) -> None:
     """Commit the checkpoint being written as soon as its files are (a cheap actor call while it is not)."""
     pending = ctx.pending_checkpoint
     if pending is not None and ctx.engines.learners.poll(pending, wait=False):

@@ -48,6 +48,7 @@ from grpo_core.config_sections import (  # the sections, re-exported: import the
     zero_stage_for,
 )
 from grpo_core.placements import Placement, placement_of
+from grpo_core.run_kinds import RunKind, run_kind
 from grpo_core.run_names import MAX_RUN_NAME, RUN_NAME_ALPHABET, run_name_problem
 from grpo_core.transport_kinds import transport_kind
 
@@ -138,30 +139,40 @@ class GRPOConfig(_Section):
             raise ValueError(f"run_name={name!r}: {problem}")
         return name
 
+    @property
+    def kind(self) -> RunKind:
+        """What kind of run this is (``grpo_core.run_kinds``: RL, SFT, distillation): ask it, never test the
+        ``sft`` or ``distill`` sections."""
+        return run_kind(self.sft, self.distill)
+
     # Derived batch arithmetic: computed here once, never re-derived elsewhere.
     @property
     def objective(self) -> str:
         """What the learner minimises (``grpo_core.algo.objective.OBJECTIVES``): ``sft`` on an SFT run's
         conversations, else the policy gradient on sampled groups."""
-        return "sft" if self.sft is not None else "policy_gradient"
+        return self.kind.objective
 
     @property
     def teacher_top_k_weight(self) -> float:
         """The weight of the forward KL to a distillation teacher's top-K in the learner's loss (0: no such term)."""
-        return self.distill.top_k_weight if self.distill is not None and self.distill.top_k > 0 else 0.0
+        return self.kind.teacher_top_k_weight()
 
     @property
     def learner_temperature(self) -> float:
         """What the learner divides the logits by: the sampling temperature, so that its logprobs are those of the
         policy that sampled (RL); 1 for SFT, whose loss is the data's likelihood under the model itself."""
-        return 1.0 if self.sft is not None else self.rollout.temperature
+        return self.kind.learner_temperature(self)
 
     @property
     def batch_size(self) -> int:
         """Sequences per iteration: prompts x samples (SFT: conversations)."""
-        if self.sft is not None:
-            return self.sft.conversations_per_iteration
-        return self.rollout.prompts_per_iteration * self.rollout.samples_per_prompt
+        return self.kind.batch_size(self)
+
+    @property
+    def sampling_rounds(self) -> int:
+        """The most rounds of prompts an iteration samples: 1, or 1 + algo.max_resample_times with dynamic
+        sampling."""
+        return 1 + (self.algo.max_resample_times if self.algo.filter_groups else 0)
 
     @property
     def mini_batch_size(self) -> int:
@@ -228,14 +239,6 @@ class GRPOConfig(_Section):
         return AsyncWindow(r.max_staleness, self.optimizer_steps_per_iteration, self.iterations,
                            inbox_staleness=r.max_staleness if r.inbox_max_staleness is None else r.inbox_max_staleness)
 
-    def policy_version_before(self, iteration: int) -> int:
-        """The learner's policy version when ``iteration`` starts."""
-        return self.window.learner_version(iteration)
-
-    def sampling_version(self, iteration: int) -> int:
-        """The policy version that samples ``iteration``'s rollouts (``AsyncWindow.sampling_version``)."""
-        return self.window.sampling_version(iteration)
-
     def starting_from(self, weights_folder: str | None) -> "GRPOConfig":
         """This config with its initial weights (and tokenizer) read from ``weights_folder`` (the resolved
         ``model.init_from``) instead of ``model.path``; itself when None. The run folder keeps the config as given."""
@@ -274,10 +277,7 @@ class GRPOConfig(_Section):
         mini = self.mini_batch_size
         if n % mini:
             raise ValueError(
-                f"train.mini_batch_size={mini} must divide the batch: " + (
-                    f"sft.conversations_per_iteration = {n}" if self.sft is not None else
-                    f"rollout.prompts_per_iteration x rollout.samples_per_prompt = "
-                    f"{self.rollout.prompts_per_iteration} x {self.rollout.samples_per_prompt} = {n}"))
+                f"train.mini_batch_size={mini} must divide the batch: {self.kind.batch_words(self)}")
         learners = self.cluster.learners
         if mini % learners:
             raise ValueError(
@@ -287,15 +287,9 @@ class GRPOConfig(_Section):
             raise ValueError(
                 f"train.micro_batch_size={self.train.micro_batch_size} must divide each learner rank's share of "
                 f"the mini-batch ({mini} sequences / cluster.learners={learners} = {self.rank_batch_size})")
-        if self.sft is None and self.rollout.samples_per_prompt < 2:
-            raise ValueError("rollout.samples_per_prompt must be >= 2: group-relative advantages need a group")
-        self._check_sft()
-        self._check_distill()
+        self.kind.check(self)
         budget = self.train.max_tokens_per_microbatch
-        longest, what = (self.sft.max_tokens, f"sft.max_tokens = {self.sft.max_tokens}") if self.sft is not None \
-            else (self.data.max_prompt_tokens + self.rollout.max_new_tokens,
-                  f"data.max_prompt_tokens + rollout.max_new_tokens = {self.data.max_prompt_tokens} + "
-                  f"{self.rollout.max_new_tokens} = {self.data.max_prompt_tokens + self.rollout.max_new_tokens}")
+        longest, what = self.kind.longest_row(self)
         if budget is not None and budget < longest:
             raise ValueError(f"train.max_tokens_per_microbatch={budget} cannot hold the longest row: {what}")
         if self.algo.soft_overlong and self.algo.soft_overlong_cache_length >= self.rollout.max_new_tokens:
@@ -334,12 +328,6 @@ class GRPOConfig(_Section):
                              f"file as one of eval.datasets (e.g. {DEFAULT_EVAL_SET}: {{path: ...}}) instead")
         return self
 
-    @property
-    def outside_groups_only(self) -> bool:
-        """Every group comes from outside (an Atropos API server, or the endpoint's clients): the run samples no
-        prompt of its own."""
-        return self.atropos is not None or (self.endpoint is not None and bool(self.endpoint.clients))
-
     def _check_gate(self) -> None:
         """The gate reads eval sets that exist and figures they measure; the default MLflow registry under a remote
         storage.root needs a tracking server."""
@@ -371,46 +359,6 @@ class GRPOConfig(_Section):
         sets = self.eval_sets()
         names = self.gate.sets if self.gate is not None and self.gate.sets is not None else list(sets)
         return {name: sets[name] for name in names}
-
-    def _check_sft(self) -> None:
-        """An SFT run trains on conversations from its data (data.format chat, and only then), synchronously, on
-        nothing sampled: what needs sampled groups, rewards on them or a second source of rows is refused."""
-        chat = self.data.format == "chat"
-        if self.sft is None:
-            if chat:
-                raise ValueError("data.format=chat holds conversations to fine-tune on: set sft (e.g. sft: {}) for "
-                                 "an SFT run, or use format math/code for RL prompts")
-            return
-        if not chat:
-            raise ValueError(f"sft is set: data.train_path must hold conversations (data.format: chat), got "
-                             f"data.format={self.data.format}")
-        refused = [(self.env is not None, "env"), (self.endpoint is not None, "endpoint"),
-                   (self.atropos is not None, "atropos"), (self.algo.filter_groups, "algo.filter_groups"),
-                   (self.data.sampler != "epoch", f"data.sampler={self.data.sampler}"),
-                   (self.rollout.max_staleness > 0, "rollout.max_staleness > 0"),
-                   (bool(self.data.few_shot), "data.few_shot"), (self.algo.kl_coeff > 0, "algo.kl_coeff > 0"),
-                   (self.train.ppo_epochs > 1, "train.ppo_epochs > 1"),
-                   (self.data.eval_path is not None, "data.eval_path (list eval sets under eval.datasets)")]
-        named = [name for bad, name in refused if bad]
-        if named:
-            raise ValueError(f"sft is set (supervised fine-tuning on conversations): {', '.join(named)} belong to RL "
-                             f"runs; remove them")
-
-    def _check_distill(self) -> None:
-        """The teacher grades sampled tokens: an SFT run samples none; KL in the reward rebuilds the advantages in
-        the learner (per sequence), which would overwrite the teacher's per-token ones."""
-        if self.distill is None:
-            return
-        if self.sft is not None:
-            raise ValueError("distill and sft are both set: on-policy distillation grades the student's own samples, "
-                             "an SFT run samples none; run them as two stages (grpo sft, then grpo train)")
-        if self.algo.kl_in_reward:
-            raise ValueError("distill is set with algo.kl_in_reward: the KL-shaped reward's advantages (per sequence) "
-                             "would replace the teacher's per-token advantages; use algo.kl_coeff as a loss term")
-        if self.algo.offpolicy == "neg_adv_mask":
-            raise ValueError("distill is set with algo.offpolicy=neg_adv_mask, which masks sequences by the sign of "
-                             "one advantage per sequence; the teacher's advantages are per token: choose another "
-                             "correction")
 
     def _check_lora(self) -> None:
         """LoRA trains a small adapter on a frozen base: ZeRO-3 would partition the base (unsupported here). Which
@@ -596,7 +544,22 @@ def check_model_folder(cfg: GRPOConfig) -> None:
     if architectures and len(bad) == len(architectures):
         raise ConfigError(f"model.path={cfg.model.path!r} holds a {bad[0]} (architectures in its config.json), not a "
                           "causal language model: a policy must generate text")
+    _check_context(cfg, hf.get("max_position_embeddings"))
     check_reward_model_folders(cfg.reward.models)
+
+
+def _check_context(cfg: GRPOConfig, context: int | None) -> None:
+    """The samplers hold a prompt and its answer, the learner the kind's longest row: both within the positions the
+    model has (vLLM refuses a longer context only inside the engine's start, after Ray and the actors are up)."""
+    if not context:
+        return
+    p, n = cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
+    needs = [(p + n, f"data.max_prompt_tokens + rollout.max_new_tokens = {p} + {n} = {p + n}"),
+             cfg.kind.longest_row(cfg)]
+    for tokens, what in needs:
+        if tokens > context:
+            raise ConfigError(f"{what} tokens per sequence, but model.path={cfg.model.path!r} has "
+                              f"max_position_embeddings={context} (its config.json): lower them to fit")
 
 
 def check_reward_model_folders(models: dict[str, ModelRewardConfig]) -> None:

@@ -219,15 +219,3 @@ def metrics_table(metrics: pa.Table, columns: Sequence[str] | None = None, last:
     for row in rows:
         table.add_row(*("" if row[n] is None else _fmt(row[n]) if isinstance(row[n], float) else str(row[n]) for n in names))
     return table
-
-
-def write_report(store, title: str | None = None) -> list[str]:
-    """Write ``report/curves.png`` and ``report/summary.txt`` into a run folder; return the lines.
-
-    ``store`` is anything with ``read_metrics()`` and ``put_bytes(rel_path, data)`` (a RunStore).
-    """
-    metrics = store.read_metrics()
-    lines = summary_lines(metrics)
-    store.put_bytes("report/curves.png", plot_curves(metrics, title=title or "GRPO training curves"))
-    store.put_bytes("report/summary.txt", ("\n".join(lines) + "\n").encode())
-    return lines

@@ -18,7 +18,6 @@ from grpo_core.cluster.reward_models import RewardModels
 from grpo_core.cluster.teacher import TeacherActors
 from grpo_core.config import GRPOConfig
 from grpo_core.endpoint.server import EndpointServer
-from grpo_core.outside_source import OutsideSource
 from grpo_core.pipeline.evaluation import EvalScorers, EvalSet
 from grpo_core.pipeline.prompts import PromptStream
 from grpo_core.rewards.scorer import Scorer
@@ -40,7 +39,6 @@ class RunContext:
     teacher: TeacherActors | None = None                     # the distillation teacher's actors (distill set)
     pending_checkpoint: PendingCheckpoint | None = None
     endpoint: EndpointServer | None = None  # the policy endpoint (endpoint in the config), once the engines are up
-    outside: OutsideSource | None = None    # where every group comes from (atropos or endpoint.clients)
     started_at: float = field(default_factory=time.time)  # the flow run's start: stage timestamps count from it
 
     def clock(self) -> float:

@@ -14,7 +14,9 @@ INBOX_FILE = "inbox.parquet"
 
 
 @task(name="take-inbox", task_run_name="take-inbox-{iteration:06d}", cache_policy=NONE)
-def take_inbox(ctx: RunContext, iteration: int) -> InboxResult:
+def take_inbox(ctx: RunContext, iteration: int, own_groups: int = 1) -> InboxResult:
+    """``own_groups``: groups of the batch the run samples itself at least (0: every group may come from the
+    inbox)."""
     cfg, store = ctx.cfg, ctx.store
     done = store.entry(iteration, INBOX_FILE)
     if done is not None:
@@ -28,7 +30,7 @@ def take_inbox(ctx: RunContext, iteration: int) -> InboxResult:
     oldest, newest = cfg.window.versions_for(iteration)
     taken = inbox.take(store, iteration=iteration, group_size=cfg.rollout.samples_per_prompt,
                        batch_groups=cfg.rollout.prompts_per_iteration, oldest_version=oldest, newest_version=newest,
-                       own_groups=0 if cfg.outside_groups_only else 1)
+                       own_groups=own_groups)
     for error in taken.rejected:
         print(f"inbox: refused {error['file']} (row {error['row']}, field {error['field']}): {error['error']}; "
               f"kept in {store.url(inbox.REJECTED)}")

@@ -1,6 +1,6 @@
 """What each column of ``metrics.parquet`` means: the source of the docs' metrics reference.
 
-Why here: ``tasks/results.py:iteration_row`` builds the row, so the columns' meanings sit beside it, and a test
+Why here: ``tasks/results.py:IterationRecord.row`` builds the row, so the columns' meanings sit beside it, and a test
 checks that every column a run writes is described here (``undocumented``). A name with ``<...>`` stands for a family
 (``reward_<name>_mean`` for each reward component, ``eval/<set>/pass@<k>`` for each eval set and k).
 """

@@ -3,7 +3,8 @@ once the policy endpoint serves; before each iteration takes its inbox, ``fill_i
 with the groups the iteration still needs: pulled from an Atropos API server's ``/batch`` (one item per group, the
 unusable ones refused into ``inbox/rejected/`` with the reason), or finished by the endpoint's clients. The
 iteration then takes them like any inbox group (the staleness rule, the off-policy corrections, exactly once across a
-resume: ``tasks/inbox.py``) and samples no prompt of its own. ``open_outside`` is the one place that picks the kind.
+resume: ``tasks/inbox.py``) and samples no prompt of its own. Which of the two a run has is chosen with its batch
+source (``tasks/batch_sources.py``).
 """
 from __future__ import annotations
 
@@ -54,16 +55,8 @@ def _secret(ctx: RunContext) -> dict[str, str]:
     return {"OPENAI_API_KEY": ctx.endpoint.endpoint.settings.token or "none"}
 
 
-def open_outside(ctx: RunContext, first_iteration: int) -> OutsideSource | None:
-    """The run's outside source, started; None when the run samples its own groups."""
-    if ctx.cfg.atropos is not None:
-        return _open_atropos(ctx, first_iteration)
-    if ctx.cfg.endpoint is not None and ctx.cfg.endpoint.clients:
-        return _open_clients(ctx)
-    return None
-
-
-def _open_clients(ctx: RunContext) -> ClientsSource:
+def open_clients(ctx: RunContext, first_iteration: int) -> ClientsSource:
+    """The endpoint's clients (``endpoint.clients``) started: every group comes from their episodes."""
     e = ctx.cfg.endpoint
     logs = _log_dir(ctx.store, "clients")
     values = _placeholders(ctx, logs)
@@ -84,7 +77,9 @@ def _filled(command: list[str], values: dict[str, str]) -> list[str]:
     return out
 
 
-def _open_atropos(ctx: RunContext, first_iteration: int) -> AtroposSource:
+def open_atropos(ctx: RunContext, first_iteration: int) -> AtroposSource:
+    """The Atropos API server (started, or joined at ``atropos.api_url``) and its environments: every group is
+    pulled from its ``/batch``."""
     from transformers import AutoConfig, AutoTokenizer
 
     cfg, a, store = ctx.cfg, ctx.cfg.atropos, ctx.store
@@ -167,7 +162,8 @@ class _WaitingGroups:
 
 
 @task(name="fill-inbox", task_run_name="fill-inbox-{iteration:06d}", cache_policy=NONE)
-def fill_inbox(ctx: RunContext, iteration: int) -> FillResult:
+def fill_inbox(ctx: RunContext, iteration: int, source: OutsideSource) -> FillResult:
+    """``source`` fills the inbox with the groups ``iteration`` still needs (nothing when it took them already)."""
     cfg, store = ctx.cfg, ctx.store
     if store.entry(iteration, INBOX_FILE) is not None:  # a resume after the iteration took its groups
         return FillResult(reused=True)
@@ -182,7 +178,7 @@ def fill_inbox(ctx: RunContext, iteration: int) -> FillResult:
                                                     "(rollout.inbox_max_staleness)")
 
     sink = _InboxSink(store, iteration)
-    stats = ctx.outside.fill(cfg.rollout.prompts_per_iteration, sink, stale, _WaitingGroups(store, oldest, newest))
+    stats = source.fill(cfg.rollout.prompts_per_iteration, sink, stale, _WaitingGroups(store, oldest, newest))
     if sink.reasons:
         print(f"{ITEM_PREFIX}: iteration {iteration} refused {stats.refused} group(s), by field: {sink.reasons} "
               f"(each in {store.url(REJECTED)} with its reason)")

@@ -2,8 +2,8 @@
 
 Why: the flow used to read untyped dicts with ``.get``, so a misspelt key became a silent None column in
 metrics.parquet. Here each task returns a dataclass (a misspelt attribute fails at once), the open-ended metric sets
-(per-reward means, the algorithm's clip fractions) stay dicts inside them, and ``iteration_row`` is the only place
-that names the columns of an iteration's row.
+(per-reward means, the algorithm's clip fractions) stay dicts inside them, and ``IterationRecord.row`` is the only
+place that names the columns of an iteration's row.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 from grpo_core.precision import LogprobGap
 from grpo_core.results import SyncResult, TrainStep
 
-__all__ = ["EvalResult", "InboxResult", "IterationTimes", "RolloutResult", "ScoreResult", "SyncResult", "TrainResult",
-           "iteration_row", "sync_gap_columns"]
+__all__ = ["EvalResult", "InboxResult", "IterationRecord", "IterationTimes", "RolloutResult", "ScoreResult",
+           "SyncResult", "TrainResult", "sync_gap_columns"]
 
 
 @dataclass(frozen=True)
@@ -197,45 +197,67 @@ def sync_gap_columns(gap: LogprobGap | None) -> dict[str, float | None]:
             **({f"sync_logprob_max_diff_sampler{i}": d for i, d in gap.per_sampler.items()} if gap else {})}
 
 
-def iteration_row(iteration: int, attempt: int, samplers: int, resynced: bool, evaluation: EvalResult | None,
-                  rollouts: list[RolloutResult], scored: ScoreResult, inbox: InboxResult,
-                  staleness: tuple[float, float], train: TrainResult, sync: SyncResult,
-                  times: IterationTimes, filled: FillResult | None = None) -> dict[str, Any]:
-    """The metrics.parquet row of one iteration (the checkpoint columns are added when one is taken)."""
-    first = rollouts[0]
-    row: dict[str, Any] = {
-        "iteration": iteration, "run_attempt": attempt, "samplers": samplers, "resynced": resynced,
-        "eval_accuracy": evaluation.accuracy if evaluation else None,
-        **(evaluation.metrics if evaluation else {}),
-        **({"time_eval_s": times.eval_s} if times.eval_s is not None else {}),
-        "policy_version": first.policy_version,
-        "staleness_mean": staleness[0], "staleness_max": staleness[1],
-        "inbox_groups": inbox.groups, "inbox_rejected": inbox.rejected,
-        **(filled.columns() if filled is not None else {}),
-        "reward_mean": scored.reward_mean, "accuracy_mean": scored.metric("reward_accuracy_mean"),
-        **scored.component_means(),
-        "distinct_frac": scored.metric("distinct_frac"),
-        **{name: scored.metrics[name] for name in DISTILL_METRICS if name in scored.metrics},
-        "loss": train.metrics["loss"], "grad_norm": train.metrics["grad_norm"], "lr": train.metrics["lr"],
-        "padded_frac": train.metrics.get("padded_frac"),
-        "computed_tokens_frac": train.metrics.get("computed_tokens_frac"),
-        **{name: train.metrics.get(name) for name in ALGORITHM_METRICS},
-        "response_length_mean": first.response_length_mean, "truncated_frac": first.truncated_frac,
-        **({name: getattr(first, name) for name in EPISODE_METRICS} if first.turns_mean is not None else {}),
-        **({name: getattr(first, name) for name in POOL_METRICS} if first.pool_active is not None else {}),
-        "rollout_tokens": sum(r.tokens for r in rollouts),
-        "kept_frac": scored.metric("kept_frac"), "rollout_rounds": len(rollouts),
-        "samplers_lost": sum(r.samplers_lost for r in rollouts),
-        "samplers_replaced": sync.samplers_replaced, "samplers_out": sync.samplers_out,
-        "filtered_group_frac": scored.metric("filtered_group_frac"),
-        "nonfinite_groups": scored.metric("nonfinite_groups"), "rows_nonfinite": train.metrics.get("rows_nonfinite"),
-        "time_rollout_s": times.rollout_s, "time_score_s": scored.seconds,
-        "sync_tensors_checked": sync.tensors_checked,
-        **sync_gap_columns(sync.gap),
-        "time_train_s": times.train_s, "time_sync_s": times.sync_s,
-        "time_sync_check_s": sync.check_seconds,
-        "time_total_s": times.total_s, "time_overhead_s": times.overhead_s,
-        **times.stamps, "train_started_at": train.started_at, "train_ended_at": train.ended_at,
-        "sync_started_at": times.sync_started_at, "sync_ended_at": times.sync_ended_at,
-    }
-    return row
+@dataclass(frozen=True)
+class IterationRecord:
+    """One iteration as its stages left it: ``row()`` is its metrics.parquet row, the one place that names the
+    columns of an iteration's row."""
+    iteration: int
+    attempt: int
+    samplers: int          # live samplers when the iteration started
+    resynced: bool         # a sampler served other weights than the learner's and was synced again first
+    evaluation: EvalResult | None
+    rollouts: list[RolloutResult]
+    scored: ScoreResult
+    inbox: InboxResult
+    staleness: tuple[float, float]
+    train: TrainResult
+    sync: SyncResult
+    times: IterationTimes
+    filled: FillResult | None = None         # what an outside source put into the inbox first
+    checkpoint_s: float | None = None        # taking a checkpoint (iterations with one)
+    checkpoint_snapshot_s: float | None = None
+
+    def row(self) -> dict[str, Any]:
+        """The metrics.parquet row."""
+        evaluation, scored, train, sync, times = self.evaluation, self.scored, self.train, self.sync, self.times
+        rollouts, first = self.rollouts, self.rollouts[0]
+        row: dict[str, Any] = {
+            "iteration": self.iteration, "run_attempt": self.attempt, "samplers": self.samplers,
+            "resynced": self.resynced,
+            "eval_accuracy": evaluation.accuracy if evaluation else None,
+            **(evaluation.metrics if evaluation else {}),
+            **({"time_eval_s": times.eval_s} if times.eval_s is not None else {}),
+            "policy_version": first.policy_version,
+            "staleness_mean": self.staleness[0], "staleness_max": self.staleness[1],
+            "inbox_groups": self.inbox.groups, "inbox_rejected": self.inbox.rejected,
+            **(self.filled.columns() if self.filled is not None else {}),
+            "reward_mean": scored.reward_mean, "accuracy_mean": scored.metric("reward_accuracy_mean"),
+            **scored.component_means(),
+            "distinct_frac": scored.metric("distinct_frac"),
+            **{name: scored.metrics[name] for name in DISTILL_METRICS if name in scored.metrics},
+            "loss": train.metrics["loss"], "grad_norm": train.metrics["grad_norm"], "lr": train.metrics["lr"],
+            "padded_frac": train.metrics.get("padded_frac"),
+            "computed_tokens_frac": train.metrics.get("computed_tokens_frac"),
+            **{name: train.metrics.get(name) for name in ALGORITHM_METRICS},
+            "response_length_mean": first.response_length_mean, "truncated_frac": first.truncated_frac,
+            **({name: getattr(first, name) for name in EPISODE_METRICS} if first.turns_mean is not None else {}),
+            **({name: getattr(first, name) for name in POOL_METRICS} if first.pool_active is not None else {}),
+            "rollout_tokens": sum(r.tokens for r in rollouts),
+            "kept_frac": scored.metric("kept_frac"), "rollout_rounds": len(rollouts),
+            "samplers_lost": sum(r.samplers_lost for r in rollouts),
+            "samplers_replaced": sync.samplers_replaced, "samplers_out": sync.samplers_out,
+            "filtered_group_frac": scored.metric("filtered_group_frac"),
+            "nonfinite_groups": scored.metric("nonfinite_groups"),
+            "rows_nonfinite": train.metrics.get("rows_nonfinite"),
+            "time_rollout_s": times.rollout_s, "time_score_s": scored.seconds,
+            "sync_tensors_checked": sync.tensors_checked,
+            **sync_gap_columns(sync.gap),
+            "time_train_s": times.train_s, "time_sync_s": times.sync_s,
+            "time_sync_check_s": sync.check_seconds,
+            "time_total_s": times.total_s, "time_overhead_s": times.overhead_s,
+            **times.stamps, "train_started_at": train.started_at, "train_ended_at": train.ended_at,
+            "sync_started_at": times.sync_started_at, "sync_ended_at": times.sync_ended_at,
+        }
+        if self.checkpoint_s is not None:
+            row.update(time_checkpoint_s=self.checkpoint_s, checkpoint_snapshot_s=self.checkpoint_snapshot_s)
+        return row

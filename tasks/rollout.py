@@ -41,14 +41,16 @@ def episode_stats(table) -> dict:
 
 
 @task(name="rollout", task_run_name="rollout-{iteration:06d}-r{round_}", cache_policy=NONE)
-def rollout(ctx: RunContext, iteration: int, round_: int = 0) -> RolloutResult:
+def rollout(ctx: RunContext, iteration: int, round_: int = 0, name: str = "rollouts.parquet",
+            sample: bool = True) -> RolloutResult:
+    """Round ``round_`` of the iteration's rollout into ``name``. ``sample=False``: every group comes from the inbox
+    (an outside source; a short batch is padded when scored, not sampled): an empty file, the inbox's rows measured."""
     cfg = ctx.cfg
-    name = "rollouts.parquet" if not cfg.algo.filter_groups else f"rollouts-r{round_}.parquet"
     version = cfg.window.sampling_version(iteration)
     done = ctx.store.entry(iteration, name)
     if done is not None and done.meta.get("policy_version") == version:
         return RolloutResult.from_meta(name, done.rows, True, done.meta)
-    if cfg.outside_groups_only:  # every group comes from outside: a short batch is padded when scored, not sampled
+    if not sample:
         prompts = []
     else:
         prompts = ctx.train_prompts.batch(iteration, round_)

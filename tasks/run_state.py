@@ -89,8 +89,8 @@ def resolve_inputs(cfg: GRPOConfig, store: RunStore) -> RunInputs:
     files = data_files.recorded_or_resolved(store, specs, opts)
     lineage.record_inputs(store, files, opts)
     teacher = teacher_from = None
-    if cfg.distill is not None:
-        spec = cfg.distill.teacher
+    spec = cfg.kind.teacher()
+    if spec is not None:
         found, _ = lineage.recorded_or_resolved(store, spec, cfg.storage.root, opts, record=lineage.TEACHER)
         if found.folder is None:
             store.delete(lineage.TEACHER)  # not a choice to keep: a resume looks again

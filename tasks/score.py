@@ -2,7 +2,8 @@
 
 Without dynamic sampling, ``rollouts.parquet`` becomes ``scored.parquet``, the training batch. With dynamic sampling
 (DAPO) every round is scored on its own (``rollouts-rK`` -> ``scored-rK``) and ``assemble`` builds the training batch
-from exactly ``prompts_per_iteration`` groups, kept ones first. If the rounds run out before the batch is full, it is
+from exactly ``prompts_per_iteration`` groups: the ones the batch source's ``DynamicBatch`` kept (decided there, once),
+then filler. If the rounds run out before the batch is full, it is
 completed with dropped groups whose rows stay in the file with ``kept = False`` (no loss): nothing is dropped
 silently and the learner always sees the configured batch size.
 """
@@ -14,7 +15,6 @@ import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NONE
 
-from grpo_core.algo import group_filter
 from grpo_core.pipeline.difficulty_pool import GroupOutcome
 from grpo_core.pipeline.distillation import with_teacher_signal
 from grpo_core.pipeline.scoring import add_advantages, group_success, score_table, with_rewards
@@ -29,17 +29,16 @@ def scored_name(rollout_name: str) -> str:
 
 
 @task(name="score", task_run_name="score-{iteration:06d}", cache_policy=NONE)
-def score(ctx: RunContext, iteration: int, rollout_name: str) -> ScoreResult:
+def score(ctx: RunContext, iteration: int, rollout_name: str, group_success: bool = False) -> ScoreResult:
     """rollouts*.parquet -> scored*.parquet (reused when complete for the same rollout file).
 
-    With dynamic sampling the result also carries ``group_success`` ([groups][G] accuracies, small) so the flow can
-    filter groups without reading the file back."""
+    With ``group_success`` (dynamic sampling) the result also carries each group's accuracies ([groups][G], small)
+    so the batch source can filter groups without reading the file back."""
     out_name = scored_name(rollout_name)
     source = ctx.store.entry(iteration, rollout_name)
     done = ctx.store.entry(iteration, out_name)
     if done is not None and source is not None and done.meta.get("source_sha256") == source.sha256:
-        success = _success_lists(ctx.store.get_table(iteration, out_name), ctx) if ctx.cfg.algo.filter_groups \
-            else None
+        success = _success_lists(ctx.store.get_table(iteration, out_name), ctx) if group_success else None
         return ScoreResult(out_name, done.rows, True, done.meta["metrics"], success)
     started = time.perf_counter()
     table = ctx.store.get_table(iteration, rollout_name)
@@ -70,7 +69,7 @@ def score(ctx: RunContext, iteration: int, rollout_name: str) -> ScoreResult:
     metrics["score_seconds"] = time.perf_counter() - started
     entry = ctx.store.put_table(iteration, out_name, scored,
                                 meta={"source_sha256": source.sha256 if source else None, "metrics": metrics})
-    success = _success_lists(scored, ctx) if ctx.cfg.algo.filter_groups else None
+    success = _success_lists(scored, ctx) if group_success else None
     return ScoreResult(out_name, entry.rows, False, metrics, success)
 
 
@@ -79,29 +78,30 @@ def _success_lists(scored: pa.Table, ctx: RunContext) -> list[list[float]]:
 
 
 @task(name="assemble-batch", task_run_name="assemble-batch-{iteration:06d}", cache_policy=NONE)
-def assemble(ctx: RunContext, iteration: int, scored_names: list[str]) -> ScoreResult:
-    """Dynamic sampling: the training batch from the scored rounds; its metrics are the group counts."""
+def assemble(ctx: RunContext, iteration: int, scored_names: list[str], kept: list[tuple[int, int]],
+             filtered_group_frac: float) -> ScoreResult:
+    """Dynamic sampling: the training batch from the scored rounds and the (round, group) pairs kept; its metrics
+    are the group counts."""
     cfg = ctx.cfg
     tables = [ctx.store.get_table(iteration, n) for n in scored_names]
-    batch, metrics = assemble_groups(tables, cfg.rollout.samples_per_prompt, cfg.rollout.prompts_per_iteration,
-                                     cfg.algo.filter_range)
+    batch, metrics = assemble_groups(tables, cfg.rollout.samples_per_prompt, cfg.rollout.prompts_per_iteration, kept)
+    metrics["filtered_group_frac"] = filtered_group_frac
     entry = ctx.store.put_table(iteration, "scored.parquet", batch, meta={"sources": scored_names,
                                                                           "metrics": metrics})
     return ScoreResult("scored.parquet", entry.rows, False, metrics)
 
 
 def assemble_groups(tables: list[pa.Table], group_size: int, target_groups: int,
-                    filter_range: tuple[float, float]) -> tuple[pa.Table, dict[str, float]]:
-    kept, dropped = [], []
-    for table in tables:
-        keep, _ = group_filter(group_success(table, group_size), filter_range)
-        for gi, k in enumerate(keep.tolist()):
-            (kept if k else dropped).append(table.slice(gi * group_size, group_size))
-    chosen = kept[:target_groups]
-    filler = [_mask_out(t) for t in dropped[: target_groups - len(chosen)]]
-    metrics = {"groups_kept": float(len(chosen)), "groups_masked": float(len(filler)),
-               "filtered_group_frac": 1.0 - len(kept) / max(1, len(kept) + len(dropped))}
-    return pa.concat_tables(chosen + filler), metrics
+                    kept: list[tuple[int, int]]) -> tuple[pa.Table, dict[str, float]]:
+    """The batch: the ``kept`` (round, group) pairs in their order (at most ``target_groups``; ``DynamicBatch.take``),
+    then, while it is short, the other groups in round order with ``kept`` False (no loss): the learner always sees
+    the configured batch size."""
+    chosen = [tables[r].slice(g * group_size, group_size) for r, g in kept[:target_groups]]
+    taken = {tuple(pair) for pair in kept}
+    others = [table.slice(g * group_size, group_size) for r, table in enumerate(tables)
+              for g in range(table.num_rows // group_size) if (r, g) not in taken]
+    filler = [_mask_out(t) for t in others[: target_groups - len(chosen)]]
+    return pa.concat_tables(chosen + filler), {"groups_kept": float(len(chosen)), "groups_masked": float(len(filler))}
 
 
 def masked_copies(groups: pa.Table, count: int, group_size: int) -> pa.Table:
@@ -121,12 +121,12 @@ def _mask_out(group: pa.Table) -> pa.Table:
     return group.set_column(idx, "kept", pa.array([False] * group.num_rows, pa.bool_()))
 
 
-def group_outcomes(store: RunStore, dynamic_sampling: bool, group_size: int, iteration: int) -> list[GroupOutcome]:
-    """Every group an iteration sampled (each dynamic-sampling round's) with its share of right answers (as dynamic
-    sampling judges it, ``group_success``): what the difficulty pool learns from. Read from the scored files, so a
-    resume sees what the first attempt saw."""
+def group_outcomes(store: RunStore, group_size: int, iteration: int) -> list[GroupOutcome]:
+    """Every group an iteration sampled (each dynamic-sampling round's, when its rounds were scored one by one) with
+    its share of right answers (as dynamic sampling judges it, ``group_success``): what the difficulty pool learns
+    from. Read from the scored files, so a resume sees what the first attempt saw."""
     names = ["scored.parquet"]
-    if dynamic_sampling:
+    if store.entry(iteration, "scored-r0.parquet") is not None:
         names = ["scored-r0.parquet"]
         while store.entry(iteration, f"scored-r{len(names)}.parquet") is not None:
             names.append(f"scored-r{len(names)}.parquet")

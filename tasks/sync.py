@@ -10,7 +10,6 @@ from prefect.cache_policies import NONE
 
 from tasks.context import Opaque, RunContext
 from tasks.endpoint import paused
-from tasks.inbox import INBOX_FILE
 from grpo_core.results import SyncResult
 
 
@@ -41,12 +40,10 @@ def sync(ctx: RunContext, check: tuple[int, str] | None = None, iteration: int |
 
 def check_rows(ctx: RunContext, iteration: int, name: str, per_sampler: int
                ) -> dict[int, tuple[list[list[int]], list[int]]]:
-    """For every live sampler, ``per_sampler`` sequences of a rollout file as (sequences, prompt lengths): the ones
-    it produced itself, or, for a sampler that drew none there (it replaced a dead one), another sampler's."""
-    table = ctx.store.get_table(iteration, name)
-    if not table.num_rows:  # the batch came through the inbox (an Atropos trainer): its sequences, any sampler's
-        table = ctx.store.get_table(iteration, INBOX_FILE)
-    table = table.select(["sampler_id", "prompt_token_ids", "response_token_ids"])
+    """For every live sampler, ``per_sampler`` sequences of an iteration's file of sampled rows (its rollout, or its
+    inbox's when every group came from outside) as (sequences, prompt lengths): the ones it produced itself, or, for
+    a sampler that drew none there (it replaced a dead one), another sampler's."""
+    table = ctx.store.get_table(iteration, name).select(["sampler_id", "prompt_token_ids", "response_token_ids"])
     drawn: dict[int, tuple[list[list[int]], list[int]]] = {}
     for sid, prompt, response in zip(*(table.column(c).to_pylist() for c in table.column_names)):
         seqs, lens = drawn.setdefault(sid, ([], []))

@@ -109,7 +109,7 @@ def test_async_needs_split_turns_a_correction_on_and_shifts_the_sampling_version
         build_config(_tree(**tree))
     cfg = build_config(_tree(**tree, cluster={"placement": "split"}, train={"mini_batch_size": 16}))
     assert cfg.resolved_algo.tis_cap is None and cfg.optimizer_steps_per_iteration == 2
-    assert [cfg.sampling_version(i) for i in range(5)] == [0, 0, 0, 2, 4]
+    assert [cfg.window.sampling_version(i) for i in range(5)] == [0, 0, 0, 2, 4]
     # async RL's default correction (docs/benchmarks.md: the comparison), derived: the field the user left unset
     # stays unset, and the run folder's record says what ran
     assert cfg.resolved_algo.offpolicy == "neg_adv_mask" and cfg.algo.offpolicy is None
@@ -120,7 +120,8 @@ def test_async_needs_split_turns_a_correction_on_and_shifts_the_sampling_version
     assert off.offpolicy == "none" and off.tis_cap is None  # an explicit none keeps the correction off
     plain = build_config(_tree()).resolved_algo
     assert plain.offpolicy == "none" and plain.tis_cap is None
-    assert build_config(_tree()).sampling_version(3) == build_config(_tree()).policy_version_before(3)
+    sync = build_config(_tree()).window
+    assert sync.sampling_version(3) == sync.learner_version(3)
 
 
 def test_an_atropos_trainer_needs_the_endpoint_no_dynamic_sampling_and_somewhere_for_groups_to_come_from():
@@ -225,7 +226,7 @@ def test_derived_batch_arithmetic_and_checkpoint_cadence():
                              train={"mini_batch_size": 16, "micro_batch_size": 4, "ppo_epochs": 2},
                              checkpoint={"interval": 3}), "t")
     assert (cfg.batch_size, cfg.mini_batch_size, cfg.micro_batch_size, cfg.grad_accum_steps) == (32, 16, 4, 4)
-    assert cfg.optimizer_steps_per_iteration == 4 and cfg.policy_version_before(5) == 20
+    assert cfg.optimizer_steps_per_iteration == 4 and cfg.window.learner_version(5) == 20
     cfg = cfg.model_copy(update={"iterations": 8})
     assert [it for it in range(8) if cfg.is_checkpoint_iteration(it)] == [2, 5, 7]  # every 3rd and the last
     assert cfg.storage.retry_delays == [1.0, 2.0, 4.0, 8.0, 16.0]
@@ -239,11 +240,29 @@ def test_a_model_path_that_is_not_an_hf_folder_is_refused_naming_the_field(tmp_p
     for path, why in ((tmp_path / "missing", "does not exist"), (tmp_path, "has no config.json")):
         with pytest.raises(ConfigError, match=rf"model.path=.* is not an HF model folder \({why}\)"):
             check_model_folder(build_config(_tree(model={"path": str(path)})))
-    check_model_folder(build_config(_tree(model={"path": tiny_model})))
+    check_model_folder(build_config(_tree(model={"path": tiny_model}, data={"max_prompt_tokens": 96},
+                                          rollout={"max_new_tokens": 16})))
     # a built-in policy missing: how to get it back
     with pytest.raises(ConfigError, match=r"tiny-code' is not an HF model folder \(does not exist\); it ships with "
                                           r"the project: restore it with `git checkout -- models/`"):
         check_model_folder(build_config(_tree(model={"path": str(tmp_path / "models/tiny-code")})))
+
+
+def test_a_context_longer_than_the_model_holds_is_refused_before_any_engine_starts(tiny_model):
+    """The tiny policy has 256 positions: a prompt and its answer (RL), or a conversation (SFT), longer than that
+    is refused naming the fields; vLLM would refuse it only inside the engine's start."""
+    from grpo_core.config import check_model_folder
+
+    with pytest.raises(ConfigError, match=r"data.max_prompt_tokens \+ rollout.max_new_tokens = 96 \+ 256 = 352 "
+                                          r"tokens per sequence, but model.path='.*tiny' has max_position_embeddings=256"):
+        check_model_folder(build_config(_tree(model={"path": tiny_model}, data={"max_prompt_tokens": 96},
+                                              rollout={"max_new_tokens": 256})))
+    sft = _tree(model={"path": tiny_model}, data={"format": "chat", "max_prompt_tokens": 96},
+                rollout={"max_new_tokens": 16}, sft={"max_tokens": 300})
+    with pytest.raises(ConfigError, match=r"sft.max_tokens = 300 tokens per sequence, .* max_position_embeddings=256"):
+        check_model_folder(build_config(sft))
+    sft["sft"]["max_tokens"] = 256
+    check_model_folder(build_config(sft))  # exactly the model's positions: accepted
 
 
 def test_a_run_written_before_new_fields_existed_resumes_with_their_defaults(tmp_path):

@@ -15,7 +15,7 @@ from grpo_core.precision import LogprobGap
 from tasks.metric_columns import COLUMNS, undocumented
 from grpo_core.results import TrainStep
 from tasks.results import (EvalResult, InboxResult, IterationTimes, RolloutResult, ScoreResult, SyncResult,
-                           TrainResult, iteration_row)
+                           TrainResult, IterationRecord)
 from tests.conftest import REPO
 
 DOCS = REPO / "docs"
@@ -58,8 +58,8 @@ def test_every_column_of_a_full_metrics_row_is_described():
     times = IterationTimes(eval_s=1.0, rollout_s=1.0, train_s=1.0, sync_s=0.1, total_s=4.0, overhead_s=0.1,
                            stamps={"rollout_started_at": 0.0, "rollout_ended_at": 1.0, "score_started_at": 1.0,
                                    "score_ended_at": 1.1}, sync_started_at=2.0, sync_ended_at=2.1)
-    row = iteration_row(3, 0, 2, False, evaluation, [rollout], scored, InboxResult(), (0.0, 0.0), train, sync, times)
-    row |= {"time_checkpoint_s": 0.1, "checkpoint_snapshot_s": 0.1}  # the flow adds these at a checkpoint
+    row = IterationRecord(3, 0, 2, False, evaluation, [rollout], scored, InboxResult(), (0.0, 0.0), train, sync, times,
+                          checkpoint_s=0.1, checkpoint_snapshot_s=0.1).row()  # an iteration with a checkpoint
     assert undocumented(row) == []
     assert "reward_rm_mean" in row and "sync_logprob_max_diff_sampler1" in row and "pool_skipped" in row
     assert row["sync_tensors_checked"] == 12 and row["sync_logprob_k3"] == 1e-12

@@ -110,7 +110,8 @@ def test_judge_templates_are_checked_when_the_judge_is_built():
 
 def test_model_reward_config_mistakes_name_the_field(tmp_path, tiny_model, reward_model):
     def cfg(**models):
-        return build_config(_tree(model={"path": tiny_model},
+        return build_config(_tree(model={"path": tiny_model}, data={"max_prompt_tokens": 96},
+                                  rollout={"max_new_tokens": 16},
                                   reward={"rewards": ["accuracy", *models], "models": models}))
 
     with pytest.raises(ConfigError, match="a classifier reward needs path"):

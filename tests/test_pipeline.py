@@ -11,7 +11,8 @@ import torch
 from grpo_core.config import build_config
 from grpo_core.data.readers import DataError, PromptSet
 from grpo_core.pipeline.prompts import PromptStream, PromptTokenizer
-from grpo_core.pipeline.scoring import add_advantages, group_rewards
+from grpo_core.algo import DynamicBatch
+from grpo_core.pipeline.scoring import add_advantages, group_rewards, group_success
 from tasks.score import assemble_groups
 
 
@@ -125,7 +126,12 @@ def test_assemble_keeps_exactly_the_mixed_groups_then_masks_filler():
     g = 2
     round1 = _scored_table([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]).append_column("kept", pa.array([True] * 6))
     round2 = _scored_table([0.0, 1.0, 0.0, 0.0]).append_column("kept", pa.array([True] * 4))
-    batch, metrics = assemble_groups([round1, round2], g, target_groups=3, filter_range=(0.0, 1.0))
+    rounds = DynamicBatch(target_groups=3, max_resample_times=1)  # what the batch source decides with
+    for r, table in enumerate((round1, round2)):
+        success = group_success(table, g).to(torch.float64)
+        rounds.add(success, [(r, i) for i in range(success.shape[0])])
+    assert rounds.exhausted and rounds.take() == [(0, 0), (1, 0)] and rounds.filtered_frac == 0.6
+    batch, metrics = assemble_groups([round1, round2], g, target_groups=3, kept=rounds.take())
     # kept (mixed) groups: round1 group 0, round2 group 0; one all-wrong/right group fills the batch, masked
     assert batch.num_rows == 6
     assert batch.column("reward").to_pylist()[:4] == [1.0, 0.0, 0.0, 1.0]

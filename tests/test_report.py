@@ -6,8 +6,7 @@ import struct
 
 import pyarrow as pa
 
-from grpo_core.report import metrics_table, plot_curves, plot_timeline, stage_spans, summary_lines, write_report
-from grpo_core.storage import RunStore
+from grpo_core.report import metrics_table, plot_curves, plot_timeline, stage_spans, summary_lines
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -95,13 +94,3 @@ def test_metrics_table_renders_last_rows():
     text = console.export_text()
     assert "reward_mean" in text and "0.55" in text and "0.4" in text
     assert "0.25" not in text and "nope" not in text
-
-
-def test_write_report_into_a_run_folder(tmp_path):
-    store = RunStore(str(tmp_path), "run")
-    for row in _metrics().to_pylist():
-        store.append_metrics(row)
-    lines = write_report(store, title="tiny run")
-    assert lines == summary_lines(_metrics())
-    assert store.get_bytes("report/curves.png")[:8] == PNG_SIGNATURE
-    assert store.get_bytes("report/summary.txt").decode().splitlines() == lines

@@ -83,3 +83,18 @@ def test_stale_or_corrupted_sampler_is_detected_and_resynced(tiny_model, tmp_pat
         ctx.scorer.close()
     finally:
         engines.close()
+
+
+def test_an_engine_whose_setup_fails_leaves_nothing_behind_and_its_error_is_the_one_raised(tiny_model, tmp_path,
+                                                                                            prefect_harness):
+    """vLLM refuses a context longer than the model's positions inside the actor's setup (the config check that
+    refuses it first is not on this path): the start raises that error, not one from releasing a half-made fleet,
+    and close() after it has nothing left to release (``_flows_leave_ray_clean`` checks that no actor or placement
+    group is left)."""
+    from grpo_core.cluster.engines import Engines
+
+    cfg = build_config(tiny_config(tiny_model, str(tmp_path), data__max_prompt_tokens=300))  # + 16 > 256 positions
+    engines = Engines(cfg)
+    with pytest.raises(Exception, match="max_model_len"):
+        engines.start()
+    engines.close()

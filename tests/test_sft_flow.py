@@ -24,6 +24,7 @@ def sft_config(tiny_model: str, root: Path, run_name: str, iterations: int = ITE
     cfg = tiny_config(tiny_model, str(root), run_name=run_name, iterations=iterations,
                       data__train_path=str(REPO / "data/arith-sft/train.jsonl"), data__format="chat",
                       data__eval_path=None, sft={"conversations_per_iteration": 8, "max_tokens": 96},
+                      rollout__prompts_per_iteration=4,  # not the SFT batch: sft.conversations_per_iteration is
                       eval__interval=2, eval__datasets={"arith": {"path": str(REPO / "data/arith/eval.jsonl"),
                                                                   "max_prompts": 8}},
                       train__lr=1e-3, train__micro_batch_size=4, train__mini_batch_size=4,
@@ -87,7 +88,7 @@ def test_each_flow_refuses_the_other_kind_of_config(tiny_model, tmp_path, prefec
 
     with pytest.raises(ConfigError, match="run it with `grpo sft`"):
         grpo_train(config=sft_config(tiny_model, tmp_path, "wrong"))
-    with pytest.raises(ConfigError, match="grpo-sft needs a config with sft set"):
+    with pytest.raises(ConfigError, match=r"an RL config \(sft not set\): run it with `grpo train`"):
         grpo_sft(config=tiny_config(tiny_model, str(tmp_path), run_name="wrong-too"))
     state = grpo_sft(config={"run_name": "x"}, return_state=True)  # no model, no data: invalid
     assert state.is_failed() and "model" in str(state.message)

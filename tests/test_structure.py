@@ -37,6 +37,58 @@ def test_the_placement_check_finds_a_branch(tmp_path):
     assert placement_comparisons(path) == [2, 4]
 
 
+# What says which kind of run a config is (grpo_core.run_kinds) and where its batches come from
+# (tasks/batch_sources.py): read only by those two factories and the config that holds the sections.
+KIND_AND_SOURCE_FACTORIES = {"grpo_core/run_kinds.py", "tasks/batch_sources.py", "grpo_core/config.py",
+                             "grpo_core/config_sections.py"}
+_KIND_AND_SOURCE_FIELDS = {"sft", "distill", "atropos", "clients", "filter_groups"}
+
+
+def _conditions(tree: ast.AST) -> list[ast.expr]:
+    """Every expression a branch is decided on: ``if``, ``while``, ``x if c else y``, ``and``/``or``, ``assert``,
+    a comprehension's ``if``."""
+    out: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)):
+            out.append(node.test)
+        elif isinstance(node, ast.BoolOp):
+            out.extend(node.values)
+        elif isinstance(node, ast.comprehension):
+            out.extend(node.ifs)
+    return out
+
+
+def kind_and_source_reads(path: Path) -> list[int]:
+    """Lines that branch on a config field deciding the run's kind or its batch source (``if cfg.sft is not None``,
+    ``... if ctx.cfg.algo.filter_groups else ...``, ``cfg.atropos or cfg.endpoint.clients``); reading a setting
+    of the section (``cfg.distill.reward_weight``) is not branching on it."""
+    lines = set()
+    for test in _conditions(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(test):
+            if isinstance(node, ast.Attribute) and node.attr in _KIND_AND_SOURCE_FIELDS:
+                owner = ast.unparse(node.value)
+                if owner.endswith(("cfg", "cfg.algo", "cfg.endpoint")):
+                    lines.add(node.lineno)
+    return sorted(lines)
+
+
+def test_the_run_kind_and_the_batch_source_are_read_only_where_they_are_chosen():
+    """One class per run kind and per batch source: the flow and its tasks ask ``cfg.kind`` and their source,
+    never the sections that decide them."""
+    found = {str(f.relative_to(REPO)): kind_and_source_reads(f) for f in _files(*PACKAGES)}
+    assert {f: lines for f, lines in found.items() if lines and f not in KIND_AND_SOURCE_FACTORIES} == {}
+
+
+def test_the_kind_and_source_check_finds_a_branch(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f(ctx, cfg):\n    if cfg.sft is not None:\n        return 1\n"
+                    "    n = 2 if ctx.cfg.algo.filter_groups else 1\n"
+                    "    return ctx.cfg.distill or cfg.endpoint.clients\n")
+    assert kind_and_source_reads(path) == [2, 4, 5]
+    path.write_text("def f(cfg):\n    return cfg.distill.reward_weight, g(dynamic=cfg.algo.filter_groups)\n")
+    assert kind_and_source_reads(path) == []
+
+
 def _is_flow(decorator: ast.expr) -> bool:
     """``@flow`` or ``@flow(...)``."""
     target = decorator.func if isinstance(decorator, ast.Call) else decorator

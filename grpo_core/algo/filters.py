@@ -89,8 +89,9 @@ class DynamicBatch:
         return self.rounds >= 1 + self.max_resample_times
 
     @property
-    def num_kept(self) -> int:
-        return len(self._kept)
+    def filtered_frac(self) -> float:
+        """Share of the groups seen so far that the filter dropped."""
+        return 1.0 - len(self._kept) / max(1, self.groups_seen)
 
     def add(self, group_rewards: Tensor, payload_indices: Sequence[Any]) -> dict[str, float]:
         """Filter one round: group_rewards [n, G] (success in [0, 1]); payload_indices: n items identifying the

@@ -77,6 +77,23 @@ class Engines:
         started = time.perf_counter()
         samplers, learners, self._groups = create_engine_actors(self.cfg)
         self._actors = _unique(samplers + learners)
+        fleets: list[SamplerFleet] = []  # the fleet once made: its placement groups go if the start fails after it
+        try:
+            self.info = self._build(samplers, learners, started, fleets)
+        except BaseException:
+            # Actors that never became the run's engines are stopped here and the error raised is their setup's
+            # (close() would otherwise meet a half-made fleet and weight sync, and fail on those instead).
+            for a in self._actors:
+                kill(a)
+            remove_groups(self._groups + [g for fleet in fleets for g in fleet.placement_groups()])
+            self._actors, self._groups = [], []
+            self.names.clear()
+            raise
+        return self.info
+
+    def _build(self, samplers: list, learners: list, started: float, fleets: list[SamplerFleet]) -> EnginesInfo:
+        """The engines in the placed actors: the learner group's rendezvous, every actor's setup, the sampler fleet
+        and the weight sync's transfer group."""
         for a in self._actors:
             self.names.set(a, _role(a, samplers, learners))
         self.learners = LearnerGroup(self.cfg, learners, self.names)
@@ -89,14 +106,14 @@ class Engines:
             self.names.set(a, f"{role} (pid {info.pid} on {info.host}, node {node[1]})")
             self.placed.append(placed_actor(role, info.pid, info.host, node))
         dtypes = {i.dtype for i in infos}
-        self.samplers = make_fleet(self.cfg, samplers, self.names, self.placed, self._groups)
-        self.weights = WeightSync(self.cfg, self.learners, self.samplers, dtypes)
-        self.weights.form_group()
-        self.info = EnginesInfo(dtypes=tuple(sorted(dtypes)), actors=self.placed,
+        fleets.append(make_fleet(self.cfg, samplers, self.names, self.placed, self._groups))
+        weights = WeightSync(self.cfg, self.learners, fleets[0], dtypes)
+        weights.form_group()
+        self.samplers, self.weights = fleets[0], weights
+        return EnginesInfo(dtypes=tuple(sorted(dtypes)), actors=self.placed,
                                 sampler_load_s=max(i.sampler_load_s for i in infos),
                                 learner_init_s=max(i.learner_init_s for i in infos),
                                 setup_s=time.perf_counter() - started)
-        return self.info
 
     def recreate(self) -> EnginesInfo:
         """Replace every actor by a fresh one holding the initial weights (a learner rank cannot rejoin)."""
