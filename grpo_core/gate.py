@@ -9,6 +9,23 @@ from typing import Any
 from grpo_core.config import GateConfig
 
 
+def figure_json(value: Any) -> Any:
+    """A record of figures as strict JSON holds it: a figure that nothing measured (NaN, an infinity) is null,
+    anywhere in dicts and lists. Only for figures, where NaN means "not measured"; metrics rows keep refusing it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: figure_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [figure_json(v) for v in value]
+    return value
+
+
+def figures_read(doc: dict[str, Any]) -> dict[str, float]:
+    """Figures from such a record: null back to NaN (nothing measured), so that the gate's rule sees it as it was."""
+    return {k: float("nan") if v is None else v for k, v in doc.items()}
+
+
 @dataclass(frozen=True)
 class GuardCheck:
     figure: str
@@ -32,7 +49,7 @@ class GateDecision:
     guards: tuple[GuardCheck, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "guards": [{**asdict(g), "held": g.held} for g in self.guards]}
+        return figure_json({**asdict(self), "guards": [{**asdict(g), "held": g.held} for g in self.guards]})
 
 
 def gate_figures(metrics: dict[str, float], sets: list[str], figures: list[str]) -> dict[str, float]:
@@ -47,8 +64,11 @@ def gate_figures(metrics: dict[str, float], sets: list[str], figures: list[str])
 def decide(gate: GateConfig, challenger: dict[str, float], champion: dict[str, float] | None) -> GateDecision:
     """``challenger`` and ``champion``: `gate_figures` of each side (None: no champion yet)."""
     metric, value = gate.metric, challenger[gate.metric]
+    if champion is None and not math.isfinite(value):
+        return GateDecision(False, f"refused: {metric} is {value} (nothing measured; no champion yet)", metric,
+                            value, None, gate.min_value)
     if champion is None:
-        promote = math.isfinite(value) and value >= gate.min_value
+        promote = value >= gate.min_value
         return GateDecision(promote, f"{'first champion' if promote else 'refused'}: {metric} {value:.4f} "
                                      f"{'>=' if promote else '<'} gate.min_value {gate.min_value:.4f} (no champion "
                                      "yet)", metric, value, None, gate.min_value)

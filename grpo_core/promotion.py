@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from grpo_core import lineage
 from grpo_core.config import GRPOConfig
-from grpo_core.gate import GateDecision, decide, gate_figures
+from grpo_core.gate import GateDecision, decide, figure_json, figures_read, gate_figures
 from grpo_core.registry import ModelRegistry, ModelVersion, RegistryUnavailable, open_registry, registry_uri
 from grpo_core.registry.records import utc_now
 from grpo_core.storage import RunStore
@@ -52,7 +52,7 @@ class GateOutcome:
     seconds: float
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return figure_json(asdict(self))
 
 
 def evaluate_policy(cfg: GRPOConfig, run: str, root: str) -> dict[str, float]:
@@ -84,7 +84,8 @@ def run_gate(cfg: GRPOConfig, store: RunStore, evaluate: Evaluate = evaluate_pol
     except RegistryUnavailable as err:
         kept = store.get_json_file(CHALLENGER_FIGURES) or {}
         outcome = GateOutcome(store.run_name, "registry_unavailable", f"not promoted: registry unavailable ({err})",
-                              location, None, None, None, None, kept.get("metrics", {}), None, utc_now(), 0.0)
+                              location, None, None, None, None, figures_read(kept.get("metrics", {})), None, utc_now(),
+                              0.0)
     outcome = replace(outcome, seconds=time.perf_counter() - started)
     store.put_json_file(GATE, outcome.to_json())
     log(f"gate: {outcome.reason}" + (f" -> registry version {outcome.version}" if outcome.version else ""))
@@ -97,10 +98,10 @@ def _challenger_figures(cfg: GRPOConfig, store: RunStore, evaluate: Evaluate,
     sets = list(cfg.gate_sets())
     kept = store.get_json_file(CHALLENGER_FIGURES)
     if isinstance(kept, dict) and kept.get("sets") == sets:
-        return kept["metrics"]
+        return figures_read(kept["metrics"])
     log(f"gate: evaluating this run's final policy on {', '.join(sets)}")
     metrics = evaluate(cfg, store.run_name, cfg.storage.root)
-    store.put_json_file(CHALLENGER_FIGURES, {"sets": sets, "metrics": metrics})
+    store.put_json_file(CHALLENGER_FIGURES, {"sets": sets, "metrics": figure_json(metrics)})
     return metrics
 
 
@@ -134,9 +135,10 @@ def _decide_and_record(cfg: GRPOConfig, store: RunStore, registry: ModelRegistry
     candidate = ModelVersion(
         run=store.run_name, root=cfg.storage.root, policy=store.url("final"),
         policy_version=int(final.get("policy_version", 0)), decision="promoted" if decision.promote else "refused",
-        reason=reason, metrics={**gate_figures(challenger, sets, gate.figures), **challenger},
+        reason=reason, metrics=figure_json({**gate_figures(challenger, sets, gate.figures), **challenger}),
         lineage=lineage.version_lineage(store, cfg.storage.options or None),
-        compared_with=champion.version if champion else None, champion_metrics=theirs)
+        compared_with=champion.version if champion else None,
+        champion_metrics=figure_json(theirs) if theirs is not None else None)
     registered = registry.record(candidate, by=f"gate (run {store.run_name}, {user()})")
     return GateOutcome(store.run_name, candidate.decision, reason, registry.location, decision.to_json(),
                        registered.version, candidate.compared_with, changed, challenger, theirs, utc_now(), 0.0)

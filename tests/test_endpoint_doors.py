@@ -388,6 +388,45 @@ def test_a_group_of_episodes_from_different_prompts_is_kept_as_rejected_and_the_
     assert [r["reward"] for r in kept] == [1.0, 0.0] and [r["response_token_ids"] for r in kept] == [[19, 2]] * 2
 
 
+def test_a_group_the_run_folder_cannot_take_stays_whole_and_the_finish_can_be_tried_again(tokenizer, tmp_path,
+                                                                                          monkeypatch):
+    """A storage fault while the completed group is written: the finish that completed it answers 503 (the episode
+    open again, its group's other episodes kept), and the same finish tried again writes the whole group."""
+    from grpo_core.endpoint.groups import EpisodeGroups
+    from grpo_core.endpoint.server import EndpointServer
+    from grpo_core.pipeline.inbox import ready_items
+    from grpo_core.storage import RunStore, StorageError
+
+    store = RunStore(str(tmp_path), "run")
+    server = EndpointServer(_endpoint(tokenizer, sink=EpisodeGroups(store, 2))).start()
+    put_bytes, faults = store.put_bytes, []
+
+    def failing_once(rel_path, data):
+        if not faults:
+            faults.append(rel_path)
+            raise StorageError(f"{rel_path}: the object store did not answer")
+        return put_bytes(rel_path, data)
+
+    try:
+        for i in range(2):
+            _record_turn(server.endpoint, f"kept-{i}", CHAT["messages"], [19 + i, 2])
+        assert _post(server, "/episodes/kept-0/finish", {"reward": 1.0, "group": "g-kept"}).status_code == 200
+        monkeypatch.setattr(store, "put_bytes", failing_once)
+        refused = _post(server, "/episodes/kept-1/finish", {"reward": 0.0, "group": "g-kept"})
+        error = refused.json()["error"]
+        assert (refused.status_code, error["code"], error["type"]) == (503, "storage_unavailable", "server_error")
+        assert "did not answer" in error["message"] and "finish it again" in error["message"], error
+        assert server.endpoint.recorder.open_episodes() == ["kept-1"] and ready_items(store) == []
+        again = _post(server, "/episodes/kept-1/finish", {"reward": 0.0, "group": "g-kept"})
+    finally:
+        server.stop()
+    assert again.status_code == 200, again.text
+    item = again.json()["inbox_item"]
+    assert faults and ready_items(store) == [item]
+    rows = pq.read_table(store.local_path(f"inbox/{item}.parquet")).to_pylist()
+    assert [(r["episode_id"], r["reward"]) for r in rows] == [("kept-0", 1.0), ("kept-1", 0.0)]
+
+
 # --------------------------------------------------------------------------------------------- 10. /health
 def test_health_answers_while_every_worker_thread_waits_on_a_closed_gate(tokenizer):
     """60 calls wait (up to 6 s each) for a weight update: more than the worker threads (40); /health is not one of

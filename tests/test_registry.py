@@ -207,6 +207,26 @@ def test_a_gate_retried_after_its_commit_landed_registers_nothing_twice(tmp_path
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_figure_nothing_measured_is_refused_and_recorded_as_null(tmp_path, kind):
+    """An evaluation whose accuracy is NaN (nothing could be scored), first with no champion, then against one: the
+    gate refuses it and registers the refusal whole, the figure stored as null (strict JSON has no NaN), gate.json
+    written, `grpo registry show` JSON; a challenger's NaN guard figure is refused too, never a promotion."""
+    nan = float("nan")
+    first = run_gate(_cfg(tmp_path, kind, "empty"), _finished_run(_cfg(tmp_path, kind, "empty")),
+                     _figures({"empty": nan}))
+    assert (first.outcome, first.version) == ("refused", 1) and "nothing measured" in first.reason, first.reason
+    assert json.loads((tmp_path / "empty" / GATE).read_text())["challenger"]["eval/default/accuracy"] is None
+    run_gate(_cfg(tmp_path, kind, "good"), _finished_run(_cfg(tmp_path, kind, "good")), _figures({"good": 0.5}))
+    second = run_gate(_cfg(tmp_path, kind, "empty-2"), _finished_run(_cfg(tmp_path, kind, "empty-2")),
+                      _figures({"empty-2": nan, "good": 0.5}))
+    assert (second.outcome, second.compared_with) == ("refused", 2) and "is nan" in second.reason, second.reason
+    shown = _show(tmp_path, "show", "--kind", kind)
+    assert [v["decision"] for v in shown["versions"]] == ["refused", "promoted", "refused"]
+    assert [v["metrics"]["eval/default/accuracy"] for v in shown["versions"]] == [None, 0.5, None]
+    assert shown["champion"]["version"] == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_two_runs_finishing_at_once_promote_one_at_a_time(tmp_path, kind):
     """Run A holds the registry while it evaluates the champion; run B, better than the old champion but not than
     A, finishes meanwhile, waits, and is compared against A (the new champion): refused, saying why."""

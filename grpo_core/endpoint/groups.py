@@ -9,7 +9,8 @@ still short of G when the run ends is reported, not trained on.
 A complete group that cannot be trained on (its episodes start from different prompts, a row the inbox would refuse,
 rewards whose group statistics are not finite) is not lost: it goes to ``inbox/rejected/<name>.parquet`` (each
 episode a row, as its own group when the prompts differ) with ``<name>.error.json`` giving the reason, as the
-inbox keeps the items it refuses, and the finish call that completed it answers with that fate (``GroupFate``).
+inbox keeps the items it refuses, and the finish call that completed it answers with that fate (``GroupFate``). A
+group the run folder cannot take (a storage fault) waits again for its last episode, whose finish can be tried again.
 """
 from __future__ import annotations
 
@@ -99,10 +100,15 @@ class EpisodeGroups:
                 error = _statistics_error(table.column("reward").to_pylist(), url)
             except InboxError as exc:
                 error = exc
-        if error is None:
-            put_item(self.store, name, table)
-            return GroupFate(item=name)
-        return GroupFate(rejected=self._reject(name, members, error))
+        try:
+            if error is None:
+                put_item(self.store, name, table)
+                return GroupFate(item=name)
+            return GroupFate(rejected=self._reject(name, members, error))
+        except BaseException:  # the run folder did not take it: the group waits again for its last episode
+            with self._lock:
+                self._groups.setdefault(episode.group, [])[:0] = members[:-1]
+            raise
 
     def _reject(self, name: str, members: list[FinishedEpisode], error: InboxError) -> dict[str, Any]:
         """The group's episodes as rows (each its own group: they may not share a prompt) and why, under

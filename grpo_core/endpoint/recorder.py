@@ -103,6 +103,7 @@ class EpisodeRecorder:
         self.max_open = max_open
         self.stats = RecorderStats()
         self._open: dict[str, _Open] = {}
+        self._finishing: dict[str, tuple[_Open, Any, Any]] = {}  # finished, not yet settled: (state, end, reward)
         self._busy: set[str] = set()  # episodes with a call in flight
         self._lock = threading.Lock()
 
@@ -216,15 +217,27 @@ class EpisodeRecorder:
                 state.transcript = (plan.transcript or "") + sample.text
 
     def finish(self, episode_id: str, reward: float | None = None, group: str | None = None) -> FinishedEpisode:
-        """Close an episode: it becomes a training row (its reward, when given, is the environment's)."""
+        """Close an episode: it becomes a training row (its reward, when given, is the environment's). Until
+        ``settle`` says whether its row was kept, no other call can finish it again."""
         with self._lock:
             state = self._open.pop(episode_id, None)
+            if state is not None:
+                self._finishing[episode_id] = (state, state.episode.end, state.episode.reward)
         if state is None:
             raise _unknown(episode_id)
         ep = state.episode
         ep.end = LENGTH if ep.finish_reason == "length" else ANSWERED
         ep.reward = reward
         return FinishedEpisode(episode_id, state.prompt_ids, ep, min(state.versions), list(state.versions), group)
+
+    def settle(self, episode_id: str, kept: bool) -> None:
+        """After ``finish``: its row was kept (the episode is done), or could not be (a storage fault): the episode is
+        open again as it was, for the client to finish once more."""
+        with self._lock:
+            state, end, reward = self._finishing.pop(episode_id)
+            if not kept:
+                state.episode.end, state.episode.reward = end, reward
+                self._open[episode_id] = state
 
     def discard(self, episode_id: str) -> int:
         """Drop an open episode that will never be finished (its rollout failed); returns its recorded turns."""

@@ -229,10 +229,20 @@ class PolicyEndpoint:
             self.sink.check(fields.group)
         done = self.recorder.finish(episode_id, fields.reward, fields.group)
         fate = None
-        if self.sink is not None:
-            fate = self.sink.add(done)
-        else:
-            self.finished.append(done)
+        try:
+            if self.sink is not None:
+                fate = self.sink.add(done)
+            else:
+                self.finished.append(done)
+        except OSError as exc:  # the run folder did not take the group: nothing of it is lost, the finish retryable
+            self.recorder.settle(episode_id, kept=False)
+            raise RequestError(f"episode {episode_id!r} completed its group, which could not be written to the run "
+                               f"folder ({exc}); the episode is open again: finish it again",
+                               code="storage_unavailable", status=503) from exc
+        except BaseException:
+            self.recorder.settle(episode_id, kept=False)
+            raise
+        self.recorder.settle(episode_id, kept=True)
         ep = done.episode
         return {"episode_id": episode_id, "turns": ep.num_turns, "tokens": len(done.prompt_ids) + len(ep.token_ids),
                 "policy_tokens": sum(ep.mask), "policy_version": done.policy_version, "reward": ep.reward,

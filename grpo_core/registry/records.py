@@ -56,10 +56,10 @@ class ModelVersion:
     policy_version: int               # the learner step of those weights
     decision: Decision                # the gate's decision when it was registered
     reason: str                       # the gate's reason, in words
-    metrics: dict[str, float]         # its gate figures (and every eval/<set>/... figure measured)
+    metrics: dict[str, float | None]  # its gate figures (and every eval/<set>/... figure measured; null: nothing was)
     lineage: dict[str, Any]           # parent model, data files (size, sha256), resolved config, code commit
     compared_with: int | None = None  # the champion version it was evaluated against (None: there was none)
-    champion_metrics: dict[str, float] | None = None  # that champion's figures in the same evaluation
+    champion_metrics: dict[str, float | None] | None = None  # that champion's figures in the same evaluation
     version: int = 0
     registered_at: str = ""
 
