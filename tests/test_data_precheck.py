@@ -180,6 +180,8 @@ def test_an_sft_conversation_too_long_for_sft_max_tokens_is_skipped(tmp_path, ti
 def test_grpo_train_builds_its_prompt_stream_without_the_row_and_records_it(tmp_path, tiny_model):
     """The flow's start (the run context, before the first iteration): skip leaves the row out and lists it in
     skipped_rows.json; error refuses the run there, before any engine starts."""
+    from contextlib import ExitStack
+
     from flows.grpo_train import _build_context
     from grpo_core.config import build_config
     from grpo_core.runs import RunStatus
@@ -193,15 +195,12 @@ def test_grpo_train_builds_its_prompt_stream_without_the_row_and_records_it(tmp_
                        eval__interval=0)
     cfg = build_config(tree)
     store = RunStore(cfg.storage.root, cfg.run_name)
-    ctx = _build_context(cfg, store, RunStatus(), inputs)
-    try:
+    with ExitStack() as resources:  # the scorer and engines the context started, closed as a run closes them
+        ctx = _build_context(cfg, store, RunStatus(), inputs, resources)
         assert len(ctx.train_prompts.prompts.rows) == 10
         recorded = json.loads(store.get_bytes("skipped_rows.json"))
         assert [r["row"] for r in recorded[str(path)]] == [3]
         assert "data.max_prompt_tokens=96" in recorded[str(path)][0]["reason"]
-    finally:
-        ctx.scorer.close()
-        ctx.engines.close()
     tree["data"]["on_bad_row"] = "error"
-    with pytest.raises(DataError, match=rf"{path}: line 3: field 'messages'"):
-        _build_context(build_config(tree), store, RunStatus(), inputs)
+    with pytest.raises(DataError, match=rf"{path}: line 3: field 'messages'"), ExitStack() as resources:
+        _build_context(build_config(tree), store, RunStatus(), inputs, resources)
