@@ -97,7 +97,7 @@ def _build_context(cfg: GRPOConfig, store: RunStore, status: RunStatus, inputs: 
         reward_models = RewardModels(cfg)
         resources.callback(reward_models.close)
     teacher = None
-    if inputs.teacher_folder is not None:  # the kind's teacher (grpo_core.run_kinds), resolved to a folder
+    if inputs.teacher_folder is not None:  # the kind's teacher (grpo_core.config.run_kinds), resolved to a folder
         teacher = TeacherActors(cfg, inputs.teacher_folder)
         resources.callback(teacher.close)
     scorer = Scorer(reward_type=r.type, rewards=r.rewards, weights=r.weights, num_workers=r.num_workers,

@@ -25,7 +25,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 def _run_flow_command(args: argparse.Namespace, flow) -> int:
     from grpo_core import lineage
     from grpo_core.config import RESUME_SAFE_FIELDS, check_model_folder, load_config, upgrade_stored_config
-    from grpo_core.config_sections import CHAMPION
+    from grpo_core.config import CHAMPION
     from grpo_core.storage import RunStore
 
     if args.verbose:

@@ -119,7 +119,7 @@ def config_reference() -> str:
     from grpo_core.algo.presets import PRESETS
     from grpo_core.config import RESUME_SAFE_FIELDS, GRPOConfig
 
-    out = [HEADER.format(source="grpo_core/config.py, grpo_core/config_sections.py, grpo_core/algo/presets.py"),
+    out = [HEADER.format(source="grpo_core/config/, grpo_core/algo/presets.py"),
            "# Config reference", "",
            "Every field of a run's config (`GRPOConfig`), as YAML keys and `--set` paths. Unknown keys, values out of "
            "bounds and inconsistent combinations are refused before anything starts, naming the field. "

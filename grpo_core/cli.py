@@ -125,7 +125,7 @@ def _cmd_runs_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_scale(args: argparse.Namespace) -> int:
-    from grpo_core.placements import placement_of
+    from grpo_core.config.placements import placement_of
     from grpo_core.runs import request_samplers
 
     store = _run_store(args)

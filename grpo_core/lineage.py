@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 
 from grpo_core import checkpoint
-from grpo_core.config_sections import CHAMPION
+from grpo_core.config import CHAMPION
 from grpo_core.data.files import DATA_FILES
 from grpo_core.runs import FINAL, FINAL_MANIFEST, read_status, run_names
 from grpo_core.storage import RunStore

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from grpo_core.algo.objective import policy_objective
-from grpo_core.config_sections import AlgoConfig
+from grpo_core.config import AlgoConfig
 
 REFERENCE = torch.load(Path(__file__).parent / "data" / "objective_reference.pt")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-import grpo_core.config_sections as sections
+import grpo_core.config.section as sections
 from grpo_cli.main import main as cli_main
 from grpo_core.config import PLACEHOLDER_TREE, ConfigError, GRPOConfig, build_config, load_config
 

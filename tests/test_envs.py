@@ -275,7 +275,7 @@ def test_environment_tokens_get_no_gradient_and_the_learner_agrees_with_the_samp
 # ------------------------------------------------------------------------------------------------- config, rewards
 
 def test_the_readme_example_environment_plays_a_game():
-    from grpo_core.config_sections import EnvConfig
+    from grpo_core.config import EnvConfig
     from grpo_core.envs import environment_factory
 
     new_env, max_turns = environment_factory(EnvConfig(kind="examples/guess_env.py:GuessNumber",

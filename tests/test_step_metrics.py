@@ -39,7 +39,7 @@ def test_every_declared_rule_is_one_the_reducers_know():
 
 def test_every_placement_has_one_fleet_class():
     from grpo_core.cluster.fleet import FLEETS, ActorFleet, ColocatedFleet, ServerFleet
-    from grpo_core.placements import PLACEMENTS
+    from grpo_core.config.placements import PLACEMENTS
 
     assert set(FLEETS) == set(PLACEMENTS)
     assert {k: v.__name__ for k, v in FLEETS.items()} == {"colocate": ColocatedFleet.__name__,

@@ -24,10 +24,10 @@ def placement_comparisons(path: Path) -> list[int]:
 
 
 def test_the_placement_is_branched_on_only_where_it_is_chosen():
-    """One class per placement (``grpo_core.placements``, and one sampler fleet per placement in the cluster
+    """One class per placement (``grpo_core.config.placements``, and one sampler fleet per placement in the cluster
     layer): no module compares ``cluster.placement`` with a name."""
     found = {str(f.relative_to(REPO)): placement_comparisons(f) for f in _files(*PACKAGES)}
-    assert {f: lines for f, lines in found.items() if lines and f != "grpo_core/placements.py"} == {}
+    assert {f: lines for f, lines in found.items() if lines and f != "grpo_core/config/placements.py"} == {}
 
 
 def test_the_placement_check_finds_a_branch(tmp_path):
@@ -37,10 +37,10 @@ def test_the_placement_check_finds_a_branch(tmp_path):
     assert placement_comparisons(path) == [2, 4]
 
 
-# What says which kind of run a config is (grpo_core.run_kinds) and where its batches come from
+# What says which kind of run a config is (grpo_core.config.run_kinds) and where its batches come from
 # (tasks/batch_sources.py): read only by those two factories and the config that holds the sections.
-KIND_AND_SOURCE_FACTORIES = {"grpo_core/run_kinds.py", "tasks/batch_sources.py", "grpo_core/config.py",
-                             "grpo_core/config_sections.py"}
+KIND_AND_SOURCE_FACTORIES = {"grpo_core/config/run_kinds.py", "tasks/batch_sources.py", "grpo_core/config/run.py",
+                             "grpo_core/config/learning.py", "grpo_core/config/sampling.py"}
 _KIND_AND_SOURCE_FIELDS = {"sft", "distill", "atropos", "clients", "filter_groups"}
 
 

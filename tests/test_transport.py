@@ -6,7 +6,7 @@ import typing
 import pytest
 
 from grpo_core.config import ConfigError, WeightsConfig, build_config
-from grpo_core.placements import placement_of
+from grpo_core.config.placements import placement_of
 from grpo_core.weights.factory import make_transport, transport_classes
 from grpo_core.weights.transport import Transport
 from tests.conftest import tiny_config

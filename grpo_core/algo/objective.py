@@ -21,7 +21,7 @@ from grpo_core.algo.losses import aggregate_loss, policy_loss
 from grpo_core.algo.offpolicy import offpolicy_weights
 
 if TYPE_CHECKING:
-    from grpo_core.config_sections import AlgoConfig
+    from grpo_core.config import AlgoConfig
 
 
 def policy_objective(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,

@@ -27,7 +27,7 @@ from grpo_core.cluster.calls import ActorNames, EngineLost, gather, last_line
 from grpo_core.cluster.ray_cluster import create_sampler_actor, group_placed, kill, node_ids, placed_group, \
     remove_groups
 from grpo_core.config import GRPOConfig
-from grpo_core.placements import Colocated, External, Split
+from grpo_core.config.placements import Colocated, External, Split
 from grpo_core.results import PlacedActor, Sampled, SampledPart, Scaled
 from grpo_core.rollout.server import ServerUnavailable
 

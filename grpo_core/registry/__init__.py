@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import posixpath
 
-from grpo_core.config_sections import REGISTRY_FOLDER, RegistryConfig
+from grpo_core.config import REGISTRY_FOLDER, RegistryConfig
 from grpo_core.registry.records import (ModelRegistry, ModelVersion, RegistryCorrupt, RegistryError, RegistryEvent,
                                         RegistryUnavailable, version_of)
 

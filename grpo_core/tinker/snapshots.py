@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.config_sections import VLLM_LORA_RANKS
+from grpo_core.config import VLLM_LORA_RANKS
 from grpo_core.rollout.sampler import SamplerSpec, VLLMSampler, sampled_logprobs
 from grpo_core.tinker.errors import TinkerRequestError
 from grpo_core.tinker.trainee import ATTENTION, MLP

@@ -4,7 +4,7 @@ Apart from ``transport.py`` so that the kinds import the interface and nothing i
 """
 from __future__ import annotations
 
-from grpo_core.transport_kinds import transport_kind
+from grpo_core.config.transport_kinds import transport_kind
 from grpo_core.weights.files import FilesTransport
 from grpo_core.weights.inprocess import InProcessTransport
 from grpo_core.weights.transfer import BroadcastTransport, CudaIpcTransport

@@ -8,7 +8,7 @@ group), and a sampler side, run in every sampler actor afterwards (``receive``: 
 serves is its engine's own ``version``.
 
 What a kind can do (the placements it works in, whether it carries a LoRA adapter, whether the samplers form a
-transfer group with learner rank 0, whether it needs CUDA) is its row of ``grpo_core.transport_kinds``, an
+transfer group with learner rank 0, whether it needs CUDA) is its row of ``grpo_core.config.transport_kinds``, an
 import-free table the config's checks read; each class here carries its row's values, so the driver asks the
 transport what it can do, never its name.
 
@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from grpo_core.transport_kinds import TransportKind, transport_kind
+from grpo_core.config.transport_kinds import TransportKind, transport_kind
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Ends:
 
 class Transport(ABC):
     """A weight transport (``weights.transport``). A subclass names its ``kind``; what the kind can do is read from
-    its row of ``grpo_core.transport_kinds`` (the table the config's checks read). Subclasses implement
+    its row of ``grpo_core.config.transport_kinds`` (the table the config's checks read). Subclasses implement
     ``publish`` (and ``receive`` where the samplers pull)."""
 
     kind: ClassVar[str]

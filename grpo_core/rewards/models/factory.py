@@ -1,7 +1,7 @@
 """The one place that turns a ``reward.models`` entry into its class."""
 from __future__ import annotations
 
-from grpo_core.config_sections import ModelRewardConfig
+from grpo_core.config import ModelRewardConfig
 from grpo_core.rewards.models.base import ModelReward
 
 

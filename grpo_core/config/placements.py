@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from grpo_core.config import GRPOConfig
-    from grpo_core.config_sections import ClusterConfig, RoleResources
+    from grpo_core.config import ClusterConfig, RoleResources
 
 
 class Placement:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from grpo_core.config import GRPOConfig
-    from grpo_core.config_sections import DistillConfig, SFTConfig
+    from grpo_core.config import DistillConfig, SFTConfig
 
 
 class RunKind:

