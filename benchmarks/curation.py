@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from grpo_core.algo.offpolicy import KINDS  # noqa: E402
-from grpo_core.storage import RunStore  # noqa: E402
+from grpo_core.run.storage import RunStore  # noqa: E402
 
 
 def variants(study: str, args) -> list[tuple[str, str, list[str]]]:

@@ -57,7 +57,7 @@ def run_variant(name: str, settings: list[str], args) -> dict:
 
 def summarize(name: str, settings: list[str], root: str, run_name: str, wall: float | None) -> dict:
     """One run's figures from its metrics.parquet (the final evaluation is a row without training figures)."""
-    from grpo_core.storage import RunStore
+    from grpo_core.run.storage import RunStore
 
     rows = RunStore(root, run_name).read_metrics().to_pylist()
     trained = [r for r in rows if r.get("rollout_tokens") is not None]

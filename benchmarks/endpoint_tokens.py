@@ -1,7 +1,7 @@
 """How often would rendering an agent's text again give other tokens than the policy sampled?
 
 An OpenAI-API agent sends its conversation back as text. The policy endpoint continues an episode from the tokens
-it recorded (``grpo_core.endpoint.recorder``) and counts the later turns where the chat template applied to the
+it recorded (``grpo_core.outside.endpoint.recorder``) and counts the later turns where the chat template applied to the
 text would have given another token sequence (``retokenized_differs``): the turns a trainer that re-tokenises
 would train on tokens the sampler never drew. This drives two-turn conversations on the built-in arithmetic
 questions through the endpoint's logic (no HTTP) with a real engine and prints the count.
@@ -25,10 +25,10 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from grpo_core.endpoint.policy import EnginePolicy
-    from grpo_core.endpoint.recorder import EpisodeRecorder
-    from grpo_core.endpoint.server import EndpointSettings, PolicyEndpoint
-    from grpo_core.rollout.sampler import SamplerSpec, VLLMSampler
+    from grpo_core.outside.endpoint.policy import EnginePolicy
+    from grpo_core.outside.endpoint.recorder import EpisodeRecorder
+    from grpo_core.outside.endpoint.server import EndpointSettings, PolicyEndpoint
+    from grpo_core.engine.rollout.sampler import SamplerSpec, VLLMSampler
 
     engine = VLLMSampler(SamplerSpec(model_path=args.model, kv_cache_mb=256, max_model_len=args.max_model_len))
     endpoint = PolicyEndpoint(EnginePolicy(engine, args.max_model_len), EpisodeRecorder(AutoTokenizer.from_pretrained(args.model)),

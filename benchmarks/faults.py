@@ -70,7 +70,7 @@ def start_prefect_server(home: Path) -> tuple[subprocess.Popen, str]:
 
 def cli(args: list[str], api_url: str, log: Path) -> subprocess.Popen:
     env = dict(os.environ, PREFECT_API_URL=api_url, PREFECT_LOGGING_LEVEL="WARNING", PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "grpo_core.cli", *args], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "grpo_cli.commands", *args], cwd=REPO, env=env,
                             stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -149,14 +149,14 @@ def main() -> int:
     import torch
     from safetensors.torch import load_file
 
-    from grpo_core import checkpoint
-    from grpo_core.storage import RunStore
+    from grpo_core.run import checkpoint
+    from grpo_core.run.storage import RunStore
 
     work = Path(tempfile.mkdtemp(prefix="grpo-faults-"))
     root = work / "runs"
     model = REPO / "models/tiny"
     if not (model / "config.json").exists():
-        subprocess.run([sys.executable, "-m", "grpo_core.cli", "model", "tiny", "--out", str(model)], check=True,
+        subprocess.run([sys.executable, "-m", "grpo_cli.commands", "model", "tiny", "--out", str(model)], check=True,
                        cwd=REPO)
     server, api = start_prefect_server(work)
     sets = ["--set", f"iterations={args.iterations}", "--set", f"checkpoint.interval={args.checkpoint_interval}",

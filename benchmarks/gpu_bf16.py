@@ -6,7 +6,7 @@ config with random weights, which is enough for speed (the kernels do not look a
 shape of `configs/smollm2-arith.yaml`'s update (64 rows of 256 tokens, micro-batches of 8): one update (forward +
 backward of every micro-batch, then AdamW; bf16 keeps float32 master weights and optimizer state as DeepSpeed's
 BF16 optimizer does) and one no-grad logprob pass (the old/reference logprobs), in tokens per second. Then the
-digest (``grpo_core.weights_digest``) of the state dict on the GPU, SmolLM2-135M in both dtypes and a 1.5B-parameter
+digest (``grpo_core.engine.weights_digest``) of the state dict on the GPU, SmolLM2-135M in both dtypes and a 1.5B-parameter
 shape (Qwen2-1.5B's) in bf16, and a check that a tensor digests the same on the GPU and on the CPU.
 
     python benchmarks/gpu_bf16.py [--out FILE.json]
@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo_core.weights_digest import WeightsDigest, tensor_digest  # noqa: E402
+from grpo_core.engine.weights_digest import WeightsDigest, tensor_digest  # noqa: E402
 
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True,

@@ -1,6 +1,6 @@
 """bf16 training speed (tokens/s, MFU) of the project's DeepSpeed learner on Qwen2 shapes with random weights.
 
-What it measures: ``grpo_core.train.learner.Learner.train_step`` (the code the flow runs), on a random Qwen2 of the
+What it measures: ``grpo_core.engine.train.learner.Learner.train_step`` (the code the flow runs), on a random Qwen2 of the
 real 0.5B or 1.5B shape (tied embeddings, vocab 151936, SDPA attention) saved HF-style into a temp folder; the
 Learner is built exactly as the flow builds it (``LearnerSpec(dtype="bfloat16", fused_kernels=...)``,
 ``AlgoConfig()`` defaults, ``TrainConfig(zero_stage=...)``: DeepSpeed with a torch AdamW). Each step is one RL-like
@@ -19,8 +19,8 @@ what MFU loses to.
 
 Variants (``--variants``, comma-separated):
   * ``fused``: the Learner exactly as the project runs it: the decoder's hidden states at the response tokens
-    through the output layer in chunks (grpo_core/train/output_head.py: the [B, L, V] logits never exist); under
-    ZeRO-3, whose forward runs whole, ``token_logprobs_and_entropy`` (grpo_core/train/batch.py: two Triton kernels
+    through the output layer in chunks (grpo_core/engine/train/output_head.py: the [B, L, V] logits never exist); under
+    ZeRO-3, whose forward runs whole, ``token_logprobs_and_entropy`` (grpo_core/engine/train/batch.py: two Triton kernels
     on CUDA, no float32 copy of the logits);
   * ``unfused``: that float32 path forced (``token_logprobs`` + ``entropy_from_logits``), what the learner did
     before the fused function: the baseline;
@@ -119,8 +119,8 @@ def logprob_path(impl: str, chunk_rows: int = 1024):
     import torch
 
     from grpo_core.algo import entropy_from_logits
-    from grpo_core.train import batch
-    from grpo_core.train.batch import token_logprobs, token_logprobs_and_entropy
+    from grpo_core.engine.train import batch
+    from grpo_core.engine.train.batch import token_logprobs, token_logprobs_and_entropy
 
     def unfused(logits, ids, temperature, with_entropy):
         logp = token_logprobs(logits, ids, temperature)
@@ -205,7 +205,7 @@ def build_model(shape_name: str, dtype_name: str, root: Path, device: str) -> Pa
 def make_batch(sequences: int, prompt_len: int, response_len: int, min_response_len: int, vocab: int, seed: int):
     import torch
 
-    from grpo_core.train.batch import pack_batch
+    from grpo_core.engine.train.batch import pack_batch
 
     gen = torch.Generator().manual_seed(seed)
     lens = torch.randint(min_response_len, response_len + 1, (sequences,), generator=gen).tolist()
@@ -259,7 +259,7 @@ def make_learner(args, model_dir: Path, micro: int, liger: bool):
     import torch
 
     from grpo_core.config import AlgoConfig, TrainConfig
-    from grpo_core.train.learner import Learner, LearnerSpec, _apply_fused_kernels, _lr_lambda
+    from grpo_core.engine.train.learner import Learner, LearnerSpec, _apply_fused_kernels, _lr_lambda
 
     gas = args.sequences // micro
     spec = LearnerSpec(model_path=str(model_dir), dtype=args.dtype, seed=0, total_steps=1000,
@@ -352,7 +352,7 @@ def apply_variant(learner, var: dict, chunk_rows: int) -> None:
 
     import torch
 
-    from grpo_core.train.learner import Learner
+    from grpo_core.engine.train.learner import Learner
 
     learner.__dict__.pop("_forward_logprobs", None)  # back to the class's method
     if var["impl"] != "fused" or var["noent"]:

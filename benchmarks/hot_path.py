@@ -32,7 +32,7 @@ for _k, _v in {"HF_HUB_OFFLINE": "1", "TORCH_EXTENSIONS_DIR": str(REPO / ".cache
 def grouped_batch(groups: int = 32, samples: int = 8, prompt_len: int = 40, vocab: int = 393, seed: int = 0):
     import torch
 
-    from grpo_core.train.batch import pack_batch
+    from grpo_core.engine.train.batch import pack_batch
 
     g = torch.Generator().manual_seed(seed)
     prompts, responses = [], []
@@ -48,7 +48,7 @@ def grouped_batch(groups: int = 32, samples: int = 8, prompt_len: int = 40, voca
 
 def learner_case(model: str, stage: int, pack: bool, repeats: int) -> dict:
     from grpo_core.config import AlgoConfig, TrainConfig
-    from grpo_core.train.learner import Learner, LearnerSpec
+    from grpo_core.engine.train.learner import Learner, LearnerSpec
 
     train = TrainConfig(lr=1e-3, lr_schedule="cosine", micro_batch_size=64, zero_stage=stage, grad_clip=1.0)
     learner = Learner(LearnerSpec(model_path=model, total_steps=80, max_new_tokens=16, pack_prompts=pack),
@@ -72,7 +72,7 @@ def sampler_case(repeats: int) -> dict:
     prompts = bi.encode_prompts(folder, shape["prompts"])
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from grpo_core.rollout.sampler import _FAST_LOGPROBS
+    from grpo_core.engine.rollout.sampler import _FAST_LOGPROBS
 
     llm = LLM(model=str(folder), enforce_eager=True, distributed_executor_backend="uni", dtype="float32",
               kv_cache_memory_bytes=64 * 2**20, max_model_len=640, seed=0, logprobs_mode="processed_logprobs",

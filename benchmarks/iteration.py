@@ -62,7 +62,7 @@ def build_model(out: Path, shape: dict, force_length: bool, seed: int = 0) -> di
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_core.model.tiny import TinySpec, build_tokenizer, read_questions, tokenizer_corpus
+    from grpo_core.lifecycle.model.tiny import TinySpec, build_tokenizer, read_questions, tokenizer_corpus
 
     spec = TinySpec()
     tokenizer = build_tokenizer(tokenizer_corpus(read_questions(TRAIN_PATH), spec), spec.vocab_size)
@@ -121,7 +121,7 @@ def run_flow(model_dir: Path, root: Path, shape: dict, iterations: int, kv_mb: i
 
     import flows.grpo_train as gt
     from grpo_core.config import merge_trees, parse_overrides
-    from grpo_core.storage import RunStore
+    from grpo_core.run.storage import RunStore
 
     captured: dict = {"lines": []}
 
@@ -217,7 +217,7 @@ def baseline_vllm(model_dir: str, prompts: list[list[int]], samples: int, new_to
            "generate_all_s": [t for t, _ in plain], "tokens": plain[0][1],
            "generate_logprobs_s": statistics.median(t for t, _ in with_lp)}
     if seeds is not None:
-        from grpo_core.rollout.sampler import _FAST_LOGPROBS
+        from grpo_core.engine.rollout.sampler import _FAST_LOGPROBS
 
         requests = [sampling(seed=seed, **_FAST_LOGPROBS) for seed in seeds]
         flow = [timed(requests, fresh_cache=True) for _ in range(repeats)]

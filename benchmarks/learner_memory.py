@@ -1,5 +1,5 @@
 """Peak memory and time of the learner's logprob forward + backward on a real vocabulary: the output layer's logits
-materialised for the whole micro-batch against the learner's chunked output layer (grpo_core/train/output_head.py).
+materialised for the whole micro-batch against the learner's chunked output layer (grpo_core/engine/train/output_head.py).
 
 Each variant runs in a fresh process (peak RSS is per process): load the model (SmolLM2-135M-Instruct by default,
 built by `make model-smollm2`), build one micro-batch of ``--rows`` rows of ``--prompt-len`` prompt tokens and
@@ -45,8 +45,8 @@ def _one(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM
 
     from grpo_core.algo import entropy_from_logits
-    from grpo_core.train.batch import pack_batch, token_logprobs
-    from grpo_core.train.output_head import chunk_tokens_for, output_logprobs
+    from grpo_core.engine.train.batch import pack_batch, token_logprobs
+    from grpo_core.engine.train.output_head import chunk_tokens_for, output_logprobs
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)

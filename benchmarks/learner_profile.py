@@ -149,7 +149,7 @@ def main() -> int:
     if args.compile:
         del learner, clock
         learner = build_learner(args)
-        from grpo_core.train.learner import _causal_lm
+        from grpo_core.engine.train.learner import _causal_lm
 
         lm = _causal_lm(learner.engine)
         lm.model = torch.compile(lm.model, dynamic=True)

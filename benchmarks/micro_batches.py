@@ -53,8 +53,8 @@ def sample_batch(args: argparse.Namespace):
     """The prompts in the model's chat template, G seeded samples each, packed as the learner gets them."""
     import torch
 
-    from grpo_core.rollout.sampler import SamplerSpec, VLLMSampler
-    from grpo_core.train.batch import pack_batch
+    from grpo_core.engine.rollout.sampler import SamplerSpec, VLLMSampler
+    from grpo_core.engine.train.batch import pack_batch
 
     workload = WORKLOADS[args.workload]
     rows = [json.loads(line) for line in (REPO / "data/arith/eval.jsonl").read_text().splitlines()][:args.prompts]
@@ -88,7 +88,7 @@ def build_learner(args: argparse.Namespace, **train):
     """One DeepSpeed learner as the demo builds it (float32, lr 3e-6, ``args.micro`` rows a micro-batch), with
     ``train`` overriding fields of ``train``; returns (learner, config)."""
     from grpo_core.config import build_config
-    from grpo_core.train.learner import Learner, LearnerSpec
+    from grpo_core.engine.train.learner import Learner, LearnerSpec
 
     cfg = build_config({"model": {"path": args.model}, "data": {"train_path": "t", "max_prompt_tokens": 192},
                         "rollout": {"prompts_per_iteration": args.prompts, "samples_per_prompt": args.samples,

@@ -68,7 +68,7 @@ def serve(model: str, log: Path) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "serve", "--model", model, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.commands", "serve", "--model", model, "--port", str(port),
                              "--kv-cache-mb", "64"], cwd=REPO, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -22,8 +22,8 @@ import statistics
 from pathlib import Path
 
 import benchmarks.iteration as bi
-from grpo_core.roles.sampler import sampling_seed
-from grpo_core.rollout.sampler import CPU_PREFIX_BLOCK
+from grpo_core.engine.roles.sampler import sampling_seed
+from grpo_core.engine.rollout.sampler import CPU_PREFIX_BLOCK
 
 
 def rendered_prompts(cfg) -> list[list[int]]:

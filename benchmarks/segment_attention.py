@@ -1,6 +1,6 @@
 """What one SDPA call costs beyond its arithmetic: the figure behind ``segment_attention.CALL_COSTS``.
 
-A packed row's attention is one SDPA call per group or per sequence (``grpo_core/train/segment_attention.py``); the
+A packed row's attention is one SDPA call per group or per sequence (``grpo_core/engine/train/segment_attention.py``); the
 choice weighs the (query, key) pairs each layout computes against the calls it makes. This prints, on the device
 given, forward + backward of masked SDPA calls shaped as a response over its prompt + itself:
 

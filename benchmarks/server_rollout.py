@@ -47,7 +47,7 @@ def _timed_rollouts(sampler, prompts: list[list[int]], shape: dict, repeats: int
 
 
 def in_process(model_dir: str, prompts, shape: dict, kv_mb: int, repeats: int) -> dict:
-    from grpo_core.rollout.sampler import SamplerSpec, VLLMSampler
+    from grpo_core.engine.rollout.sampler import SamplerSpec, VLLMSampler
 
     started = time.perf_counter()
     sampler = VLLMSampler(SamplerSpec(model_path=model_dir, kv_cache_mb=kv_mb,
@@ -56,13 +56,13 @@ def in_process(model_dir: str, prompts, shape: dict, kv_mb: int, repeats: int) -
 
 
 def through_server(model_dir: str, prompts, shape: dict, kv_mb: int, repeats: int, log: Path) -> dict:
-    from grpo_core.rollout.server import ServerSampler
+    from grpo_core.engine.rollout.server import ServerSampler
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "serve", "--model", model_dir, "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.commands", "serve", "--model", model_dir, "--port",
                              str(port), "--kv-cache-mb", str(kv_mb)], cwd=REPO, stdout=open(log, "w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:

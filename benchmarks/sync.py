@@ -10,7 +10,7 @@ Cases (one sampler, one learner rank):
                          in buckets of ``weights.bucket_mb`` (``--bucket-mb``; ``--bucket-sweep 4,16,64``: one run each)
     split-files          placement split: learner writes weights/v-N/ (safetensors) to a local run folder, the sampler
                          loads it
-    split-files-s3       the same, with the whole run folder on a local S3 server (SeaweedFS, grpo_core.s3server)
+    split-files-s3       the same, with the whole run folder on a local S3 server (SeaweedFS, grpo_core.infra.s3server)
     <case>-lora          colocate-inprocess, split-files or split-files-s3 with model.lora (rank ``--lora-rank``
                          on every linear layer): each sync ships only the peft adapter (not in the default --cases)
 
@@ -88,7 +88,7 @@ def run_case(model_dir: Path, overrides: dict, root: str, storage_options: dict,
     import flows.grpo_train as gt
     from grpo_core.cluster.weight_sync import WeightSync
     from grpo_core.config import merge_trees
-    from grpo_core.storage import RunStore
+    from grpo_core.run.storage import RunStore
 
     config = merge_trees({
         "run_name": RUN_NAME, "seed": 0, "iterations": iterations,
@@ -194,7 +194,7 @@ def main() -> None:
     with work_folder("bench-sync-", args.keep) as work:
         server = None
         if any(c.startswith("split-files-s3") for c in cases):
-            from grpo_core.s3server import start_s3_server
+            from grpo_core.infra.s3server import start_s3_server
 
             server = start_s3_server(work / "s3", buckets=["bench"])
         results: list[dict] = []

@@ -30,14 +30,14 @@ from grpo_core.cluster.engines import EngineLost, Engines
 from grpo_core.cluster.reward_models import RewardModels
 from grpo_core.cluster.teacher import TeacherActors
 from grpo_core.config import ConfigError, GRPOConfig, build_config, check_model_folder, load_config
-from grpo_core.metric_sinks import MetricSinks
+from grpo_core.run.metric_sinks import MetricSinks
 from grpo_core.pipeline.evaluation import EvalScorers, load_eval_sets
 from grpo_core.pipeline.prompts import PromptStream
-from grpo_core.progress import Progress, iteration_line
-from grpo_core.report import plot_curves, plot_timeline, summary_lines
+from grpo_core.run.progress import Progress, iteration_line
+from grpo_core.run.report import plot_curves, plot_timeline, summary_lines
 from grpo_core.rewards.scorer import Scorer
-from grpo_core.runs import RunStatus, requested_samplers
-from grpo_core.storage import RunStore
+from grpo_core.run.status import RunStatus, requested_samplers
+from grpo_core.run.storage import RunStore
 from tasks.batch_sources import Batch, BatchSource, batch_source
 from tasks.console import RunConsole
 from tasks.context import RunContext
@@ -184,7 +184,7 @@ class RunOutcome:
     recoveries: int = 0
     replaced_samplers: int = 0
     actors: list = field(default_factory=list)
-    gate: dict | None = None  # the eval gate's outcome (grpo_core.promotion.GateOutcome), when cfg.gate is set
+    gate: dict | None = None  # the eval gate's outcome (grpo_core.lifecycle.promotion.GateOutcome), when cfg.gate is set
 
 
 def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> RunOutcome:
@@ -215,7 +215,7 @@ def _run(cfg: GRPOConfig, store: RunStore, terminal: Console) -> RunOutcome:
 def _gated(cfg: GRPOConfig, store: RunStore, stages: Stages, outcome: "RunOutcome") -> "RunOutcome":
     """The eval gate after training (cfg.gate set), once the run's engines are gone: its outcome joins the
     flow run's result. A finished run whose gate never ran, or found the registry unavailable, gates again."""
-    from grpo_core.promotion import gate_pending
+    from grpo_core.lifecycle.promotion import gate_pending
 
     if cfg.gate is None or not gate_pending(store):
         return outcome

@@ -1,11 +1,11 @@
-"""`grpo` entry point: ``grpo_core.cli``'s commands plus `grpo train` and `grpo sft`, which run the grpo-train and
+"""`grpo` entry point: ``grpo_cli.commands``'s commands plus `grpo train` and `grpo sft`, which run the grpo-train and
 grpo-sft flows."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from grpo_core import cli as core_cli
+from grpo_cli import commands as core_cli
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -23,10 +23,10 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _run_flow_command(args: argparse.Namespace, flow) -> int:
-    from grpo_core import lineage
+    from grpo_core.lifecycle import lineage
     from grpo_core.config import RESUME_SAFE_FIELDS, check_model_folder, load_config, upgrade_stored_config
     from grpo_core.config import CHAMPION
-    from grpo_core.storage import RunStore
+    from grpo_core.run.storage import RunStore
 
     if args.verbose:
         args.set = [*args.set, "logging.verbose=true"]

@@ -178,7 +178,7 @@ def cli_reference() -> str:
     try:
         parser = build_parser()
         commands = _commands(parser, "grpo")
-        out = [HEADER.format(source="grpo_cli/main.py, grpo_core/cli.py"), "# Command line reference", "",
+        out = [HEADER.format(source="grpo_cli/main.py, grpo_cli/commands.py"), "# Command line reference", "",
                "`grpo` is installed into `.venv/bin/` by `make install` (and by `make run` / `make test` on first "
                "use). Every command below is its `--help`.", "",
                "| command | what it does |", "| --- | --- |"]

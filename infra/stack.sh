@@ -30,7 +30,7 @@ export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.cache/torch_extensio
 export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$ROOT/.cache/vllm}" HF_HOME="${HF_HOME:-$ROOT/.cache/hf}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_BUILD_OPS=0 RAY_USAGE_STATS_ENABLED=0
 export PREFECT_LOGGING_LEVEL="${PREFECT_LOGGING_LEVEL:-WARNING}"   # the flow's own lines reach the Logs tab anyway
-# The server's task-run recorder commits events in batches (at most 2 s late), not one by one: see grpo_core/cli.py.
+# The server's task-run recorder commits events in batches (at most 2 s late), not one by one: see grpo_cli/commands.py.
 export PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE="${PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE:-200}"
 export PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL="${PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL:-2}"
 mkdir -p "$PREFECT_HOME"
@@ -62,7 +62,7 @@ case "${1:-}" in
       --node-ip-address=127.0.0.1 --port="$RAY_PORT" --num-cpus="$RAY_CPUS" --include-dashboard=false \
       --disable-usage-stats
     start prefect-worker "$BIN/prefect" worker start --pool "$POOL"
-    start s3 "$BIN/python" -m grpo_core.s3server "${GRPO_S3_DIR:-$ROOT/.cache/s3}" runs
+    start s3 "$BIN/python" -m grpo_core.infra.s3server "${GRPO_S3_DIR:-$ROOT/.cache/s3}" runs
     echo "Ray head: $GRPO_RAY_ADDRESS (deployment runs join it)"
     echo "Prefect UI: http://127.0.0.1:$PORT   run: PREFECT_API_URL=$PREFECT_API_URL $BIN/prefect deployment run 'grpo-train/tiny'"
     ;;

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from grpo_core.config import GRPOConfig
-from grpo_core.outside_source import OutsideSource
+from grpo_core.outside.source import OutsideSource
 from tasks.context import RunContext
 from tasks.inbox import INBOX_FILE
 from tasks.outside import close_outside, open_atropos, open_clients

@@ -13,10 +13,10 @@ import time
 from prefect import task
 from prefect.cache_policies import NONE
 
-from grpo_core import checkpoint
-from grpo_core.checkpoint import CommittedCheckpoint, PendingCheckpoint
+from grpo_core.run import checkpoint
+from grpo_core.run.checkpoint import CommittedCheckpoint, PendingCheckpoint
 from grpo_core.pipeline.difficulty_pool import PoolState
-from grpo_core.results import FinalPolicy, Restored
+from grpo_core.engine.results import FinalPolicy, Restored
 from tasks.context import RunContext
 
 POOL_FILE = "prompt_pool.json"

@@ -12,17 +12,17 @@ from typing import Any
 
 from prefect.utilities.annotations import quote
 
-from grpo_core.checkpoint import PendingCheckpoint
+from grpo_core.run.checkpoint import PendingCheckpoint
 from grpo_core.cluster.engines import Engines
 from grpo_core.cluster.reward_models import RewardModels
 from grpo_core.cluster.teacher import TeacherActors
 from grpo_core.config import GRPOConfig
-from grpo_core.endpoint.server import EndpointServer
+from grpo_core.outside.endpoint.server import EndpointServer
 from grpo_core.pipeline.evaluation import EvalScorers, EvalSet
 from grpo_core.pipeline.prompts import PromptStream
 from grpo_core.rewards.scorer import Scorer
-from grpo_core.runs import RunStatus
-from grpo_core.storage import RunStore
+from grpo_core.run.status import RunStatus
+from grpo_core.run.storage import RunStore
 
 
 @dataclass

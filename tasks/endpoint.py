@@ -9,10 +9,10 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from grpo_core.cluster.fleet_policy import FleetPolicy
-from grpo_core.endpoint.groups import EpisodeGroups
-from grpo_core.endpoint.owner_file import write_owner_only
-from grpo_core.endpoint.recorder import EpisodeRecorder
-from grpo_core.endpoint.server import EndpointServer, EndpointSettings, PolicyEndpoint
+from grpo_core.outside.endpoint.groups import EpisodeGroups
+from grpo_core.outside.endpoint.owner_file import write_owner_only
+from grpo_core.outside.endpoint.recorder import EpisodeRecorder
+from grpo_core.outside.endpoint.server import EndpointServer, EndpointSettings, PolicyEndpoint
 from tasks.context import RunContext
 
 ENDPOINT_FILE = "endpoint.json"

@@ -1,4 +1,4 @@
-"""The eval gate as a Prefect task: ``grpo_core.promotion.run_gate``, its decision published as a markdown artifact
+"""The eval gate as a Prefect task: ``grpo_core.lifecycle.promotion.run_gate``, its decision published as a markdown artifact
 (``<run>-gate``) beside the run's other artifacts."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
 from grpo_core.config import GRPOConfig
-from grpo_core.logs import LOGS, process_output_to
-from grpo_core.promotion import GateOutcome, evaluate_policy, run_gate
-from grpo_core.storage import RunStore
+from grpo_core.run.logs import LOGS, process_output_to
+from grpo_core.lifecycle.promotion import GateOutcome, evaluate_policy, run_gate
+from grpo_core.run.storage import RunStore
 from tasks.console import artifact_key
 
 GATE_LOG = f"{LOGS}/gate.log"
@@ -58,7 +58,7 @@ def _upload_if_written(store: RunStore, log_file: str) -> None:
 
 @task(name="gate", cache_policy=NONE)
 def gate(cfg: GRPOConfig, store: RunStore) -> GateOutcome:
-    """Evaluate the challenger and the champion, decide, register (see grpo_core/promotion.py). The evaluations'
+    """Evaluate the challenger and the champion, decide, register (see grpo_core/lifecycle/promotion.py). The evaluations'
     engine output goes to the run's logs/gate.log (the terminal with logging.verbose)."""
     with ExitStack() as stack:
         log_file = store.local_path(GATE_LOG)

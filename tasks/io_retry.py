@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_core.config import StorageConfig
-from grpo_core.storage import is_transient_io_error
+from grpo_core.run.storage import is_transient_io_error
 
 
 def retry_on_transient_io(task, task_run, state) -> bool:

@@ -20,15 +20,15 @@ import pyarrow.parquet as pq
 from prefect import task
 from prefect.cache_policies import NONE
 
-from grpo_core.atropos.client import AtroposClient, Registration
-from grpo_core.atropos.groups import GroupLimits
-from grpo_core.atropos.source import AtroposSource
-from grpo_core.child_process import ChildProcess
-from grpo_core.endpoint.clients import ClientsSource
-from grpo_core.netaddr import free_port
-from grpo_core.outside_source import GroupRefused, OutsideSource, Supervisor
+from grpo_core.outside.atropos.client import AtroposClient, Registration
+from grpo_core.outside.atropos.groups import GroupLimits
+from grpo_core.outside.atropos.source import AtroposSource
+from grpo_core.infra.child_process import ChildProcess
+from grpo_core.outside.endpoint.clients import ClientsSource
+from grpo_core.infra.netaddr import free_port
+from grpo_core.outside.source import GroupRefused, OutsideSource, Supervisor
 from grpo_core.pipeline.inbox import INBOX, REJECTED, put_item, ready_items
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tasks.context import RunContext
 from tasks.inbox import INBOX_FILE
 from tasks.results import FillResult

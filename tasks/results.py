@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from grpo_core.precision import LogprobGap
-from grpo_core.results import SyncResult, TrainStep
+from grpo_core.engine.precision import LogprobGap
+from grpo_core.engine.results import SyncResult, TrainStep
 
 __all__ = ["EvalResult", "InboxResult", "IterationRecord", "IterationTimes", "RolloutResult", "ScoreResult",
            "SyncResult", "TrainResult", "sync_gap_columns"]

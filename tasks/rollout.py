@@ -14,7 +14,7 @@ from grpo_core.data.schemas import RESPONSE_MASK, ROLLOUT_SCHEMA
 from grpo_core.envs.episode import ENV_ERROR, ENV_TIMEOUT, TRUNCATED_ENDS
 
 from tasks.context import RunContext
-from grpo_core.results import Sampled
+from grpo_core.engine.results import Sampled
 from tasks.inbox import INBOX_FILE, inbox_groups
 from tasks.results import RolloutResult
 

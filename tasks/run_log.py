@@ -8,7 +8,7 @@ records of the run logger): they go to the Logs tab at INFO whatever ``PREFECT_L
 keeps Prefect's own client chatter quiet), to the terminal (Prefect's per-task engine lines only when they are
 warnings), and to ``logs/flow.log``; Prefect's per-task "Finished in state Completed()" line goes nowhere (the
 task runs' states say it). Library lines go to ``logs/libraries.log``; the engine actors' output (vLLM and DeepSpeed
-run there) to ``logs/<actor>.log`` (``grpo_core.logs``). ``logging.verbose`` (``grpo train -v``) puts the libraries
+run there) to ``logs/<actor>.log`` (``grpo_core.run.logs``). ``logging.verbose`` (``grpo train -v``) puts the libraries
 back on the terminal. With a remote run store the files are written locally and uploaded at the end.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ import prefect
 from rich.console import Console
 
 from grpo_core.config import GRPOConfig
-from grpo_core.logs import LIBRARY_LOGGERS, LOGS
-from grpo_core.storage import RunStore
+from grpo_core.run.logs import LIBRARY_LOGGERS, LOGS
+from grpo_core.run.storage import RunStore
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 _PREFECT_DIR = os.path.dirname(prefect.__file__)

@@ -11,15 +11,17 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from grpo_core import checkpoint, lineage
-from grpo_core.checkpoint import CheckpointRef
+from grpo_core.run import checkpoint
+
+from grpo_core.lifecycle import lineage
+from grpo_core.run.checkpoint import CheckpointRef
 from grpo_core.config import RESUME_SAFE_FIELDS, ConfigError, GRPOConfig, upgrade_stored_config
 from grpo_core.data import files as data_files
 from grpo_core.pipeline.evaluation import eval_files_key
-from grpo_core.report import is_trained_row
-from grpo_core.results import Scaled
-from grpo_core.runs import FINAL_MANIFEST, RunStatus, read_status
-from grpo_core.storage import RunStore
+from grpo_core.run.report import is_trained_row
+from grpo_core.engine.results import Scaled
+from grpo_core.run.status import FINAL_MANIFEST, RunStatus, read_status
+from grpo_core.run.storage import RunStore
 from tasks.context import RunContext
 
 

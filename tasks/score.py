@@ -18,7 +18,7 @@ from prefect.cache_policies import NONE
 from grpo_core.pipeline.difficulty_pool import GroupOutcome
 from grpo_core.pipeline.distillation import with_teacher_signal
 from grpo_core.pipeline.scoring import add_advantages, group_success, score_table, with_rewards
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tasks.context import RunContext
 from tasks.inbox import INBOX_FILE
 from tasks.results import ScoreResult

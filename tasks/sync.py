@@ -10,7 +10,7 @@ from prefect.cache_policies import NONE
 
 from tasks.context import Opaque, RunContext
 from tasks.endpoint import paused
-from grpo_core.results import SyncResult
+from grpo_core.engine.results import SyncResult
 
 
 def _sync_run_name() -> str:

@@ -13,8 +13,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from grpo_core import checkpoint
-from grpo_core.storage import RunStore
+from grpo_core.run import checkpoint
+from grpo_core.run.storage import RunStore
 from tests.conftest import REPO
 from tests.watchers import suspended
 

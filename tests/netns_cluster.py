@@ -2,7 +2,7 @@
 
 Each Ray node is started as an operator starts one on a machine of its own: ``ray start`` inside the host's
 namespace with ``--node-ip-address`` set to the host's address and a temp folder of its own; the head on ``head``,
-the others joining it. The S3 server (SeaweedFS, ``grpo_core.s3server``) binds the S3 host's address only. The flow
+the others joining it. The S3 server (SeaweedFS, ``grpo_core.infra.s3server``) binds the S3 host's address only. The flow
 driver is ``grpo train`` run inside the head's namespace, with a Prefect home of its own (its ephemeral API is on
 the head's loopback).
 """
@@ -29,7 +29,7 @@ RAY = str(Path(sys.executable).parent / "ray")
 # What this project runs on a host, told by the command line: the flow driver, the engine actors (Ray titles them
 # ray::EngineWorker), the S3 server. Everything else listening there is Ray's own (GCS, raylet, agents), which binds
 # every address of its host (Ray 2.60 has no setting for it): in a namespace, the host's address and loopback.
-OUR_PROCESSES = ("grpo_cli.main", "EngineWorker", "grpo_core.s3server", "weed ")
+OUR_PROCESSES = ("grpo_cli.main", "EngineWorker", "grpo_core.infra.s3server", "weed ")
 # Every Ray worker process (the driver, each actor) serves Ray's core-worker RPC on a port from this range, on every
 # address too; the range is Ray's default, given to `ray start` explicitly so that the test can tell those apart.
 RAY_WORKER_PORTS = (10002, 19999)
@@ -90,7 +90,7 @@ class NetnsCluster:
         workdir.mkdir(parents=True, exist_ok=True)
         log = self.workdir / "s3.log"
         log.unlink(missing_ok=True)
-        self.s3_host.popen([sys.executable, "-m", "grpo_core.s3server", str(workdir), BUCKET,
+        self.s3_host.popen([sys.executable, "-m", "grpo_core.infra.s3server", str(workdir), BUCKET,
                             "--host", self.s3_host.address], log, env=host_env())
         deadline = time.monotonic() + 60
         while "storage_options:" not in log.read_text():

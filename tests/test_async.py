@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from grpo_core.pipeline import inbox
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tests.conftest import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -43,7 +43,7 @@ def reference(tiny_model, tmp_path_factory, prefect_harness):
     import time
 
     from flows.grpo_train import grpo_train
-    from grpo_core.cli import main as grpo_cli
+    from grpo_cli.commands import main as grpo_cli
 
     root = tmp_path_factory.mktemp("async-reference")
     store = RunStore(str(root), "ref")

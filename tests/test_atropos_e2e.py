@@ -17,15 +17,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_core.atropos.client import AtroposClient, Registration
-from grpo_core.atropos.groups import MASKED, GroupLimits
-from grpo_core.atropos.source import AtroposSource
-from grpo_core.child_process import ChildProcess
-from grpo_core.endpoint.ledger import SampledLedger
-from grpo_core.netaddr import free_port
-from grpo_core.outside_source import GroupRefused, SourceStarved, Supervisor
+from grpo_core.outside.atropos.client import AtroposClient, Registration
+from grpo_core.outside.atropos.groups import MASKED, GroupLimits
+from grpo_core.outside.atropos.source import AtroposSource
+from grpo_core.infra.child_process import ChildProcess
+from grpo_core.outside.endpoint.ledger import SampledLedger
+from grpo_core.infra.netaddr import free_port
+from grpo_core.outside.source import GroupRefused, SourceStarved, Supervisor
 from grpo_core.pipeline.inbox import INBOX, REJECTED
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tests.conftest import REPO, tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]

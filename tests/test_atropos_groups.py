@@ -7,8 +7,8 @@ import math
 import pyarrow as pa
 import pytest
 
-from grpo_core.atropos.groups import MASKED, GroupLimits, GroupRefused, group_rows, policy_spans
-from grpo_core.endpoint.ledger import SampledLedger
+from grpo_core.outside.atropos.groups import MASKED, GroupLimits, GroupRefused, group_rows, policy_spans
+from grpo_core.outside.endpoint.ledger import SampledLedger
 from grpo_core.pipeline.inbox import validate
 
 LIMITS = GroupLimits(group_size=2, vocab_size=100)

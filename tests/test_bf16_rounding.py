@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_core.train.bf16_rounding import stochastic_round_to_bf16
+from grpo_core.engine.train.bf16_rounding import stochastic_round_to_bf16
 
 
 def test_rounds_to_a_neighbouring_bf16_value_unbiased_for_either_sign():

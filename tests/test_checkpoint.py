@@ -5,10 +5,10 @@ import uuid
 
 import pytest
 
-from grpo_core import checkpoint
-from grpo_core.checkpoint import CheckpointWriter, Snapshot
-from grpo_core.runs import RunStatus, list_runs, summarize
-from grpo_core.storage import RunStore, StorageError
+from grpo_core.run import checkpoint
+from grpo_core.run.checkpoint import CheckpointWriter, Snapshot
+from grpo_core.run.status import RunStatus, list_runs, summarize
+from grpo_core.run.storage import RunStore, StorageError
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -93,7 +93,7 @@ def test_run_summaries_for_grpo_runs(tmp_path):
 
 
 def test_grpo_runs_list_and_show(tmp_path, capsys):
-    from grpo_core.cli import main
+    from grpo_cli.commands import main
 
     root = str(tmp_path / "runs")
     run = RunStore(root, "alpha")
@@ -112,8 +112,8 @@ def test_grpo_runs_list_and_show(tmp_path, capsys):
 
 def test_a_run_is_named_or_given_as_its_folder_path(tmp_path, capsys, monkeypatch):
     """`grpo export --merge runs/NAME OUT`, `grpo runs show runs/NAME`: a run folder's path names its own root."""
-    from grpo_core.cli import main
-    from grpo_core.runs import locate_run
+    from grpo_cli.commands import main
+    from grpo_core.run.status import locate_run
 
     root = tmp_path / "runs"
     run = RunStore(str(root), "alpha")

@@ -1,5 +1,5 @@
 """`grpo train` with no Prefect API configured starts its own (Prefect's temporary server), with the settings that
-``grpo_core.cli`` gives it: its task-run recorder commits task-run events in batches, so the run must still leave
+``grpo_cli.commands`` gives it: its task-run recorder commits task-run events in batches, so the run must still leave
 every task run of every iteration in the database, completed, once it ends."""
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tests.conftest import REPO, tiny_config
 from tests.netns import Host, Topology, available
 from tests.netns_cluster import BUCKET, OUR_PROCESSES, RAY_WORKER_PORTS, NetnsCluster, RayNode

@@ -8,9 +8,9 @@ import pytest
 
 from grpo_core.data import code_task
 from grpo_core.data.readers import read_prompts
-from grpo_core.model import tiny
+from grpo_core.lifecycle.model import tiny
 from grpo_core.rewards.accuracy import code_accuracy
-from grpo_core.sandbox import Sandbox, SandboxLimits
+from grpo_core.infra.sandbox import Sandbox, SandboxLimits
 
 pytestmark = pytest.mark.usefixtures("jail_shared")  # runs programs in the sandbox (tests/jail.py)
 

@@ -269,7 +269,7 @@ def test_a_run_written_before_new_fields_existed_resumes_with_their_defaults(tmp
     """config.json of an older version lacks fields added since: with ``upgrade_stored_config`` they take their
     defaults and the resume goes on; a real change is still refused."""
     from grpo_core.config import RESUME_SAFE_FIELDS, upgrade_stored_config
-    from grpo_core.storage import ConfigConflict, RunStore
+    from grpo_core.run.storage import ConfigConflict, RunStore
 
     cfg = build_config(_tree()).recorded()  # as a run folder records it
     old = json.loads(json.dumps(cfg))
@@ -411,7 +411,7 @@ def test_few_shot_turns_are_user_assistant_pairs_and_eval_sets_inherit_them():
 
 
 def test_dtype_auto_resolves_by_the_device_and_the_logprob_bound_is_opt_in():
-    from grpo_core.precision import native_bf16, resolve_dtype
+    from grpo_core.engine.precision import native_bf16, resolve_dtype
 
     assert build_config(_tree(model={"dtype": "auto"})).model.dtype == "auto"
     assert resolve_dtype("auto") == ("bfloat16" if native_bf16() else "float32")

@@ -7,7 +7,7 @@ import json
 import datasets
 import pytest
 
-from grpo_core.cli import main
+from grpo_cli.commands import main
 from grpo_core.data.convert import convert
 from grpo_core.data.readers import DataError, read_prompts
 

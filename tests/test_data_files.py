@@ -7,7 +7,7 @@ import pytest
 
 from grpo_core.data.files import DATA_FILES, read_prompt_files, recorded_or_resolved, resolve_data_files
 from grpo_core.data.readers import DataError
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 
 
 def _jsonl(path, answers):

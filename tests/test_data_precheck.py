@@ -184,8 +184,8 @@ def test_grpo_train_builds_its_prompt_stream_without_the_row_and_records_it(tmp_
 
     from flows.grpo_train import _build_context
     from grpo_core.config import build_config
-    from grpo_core.runs import RunStatus
-    from grpo_core.storage import RunStore
+    from grpo_core.run.status import RunStatus
+    from grpo_core.run.storage import RunStore
     from tasks.run_state import RunInputs
     from tests.conftest import tiny_config
 

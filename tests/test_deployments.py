@@ -112,7 +112,7 @@ def test_dockerfile_copies_what_exists():
 
 def test_grpo_stack_runs_the_stack_script(capfd):
     """`grpo stack status` reports each service of infra/stack.sh (started by `grpo stack up`, `make stack-up`)."""
-    from grpo_core.cli import main
+    from grpo_cli.commands import main
 
     assert main(["stack", "status"]) == 0
     out = capfd.readouterr().out

@@ -15,10 +15,10 @@ from grpo_core.data.prompts import chat_messages
 from grpo_core.data.schemas import (
     RESPONSE_MASK, TEACHER_LOGPROBS, TEACHER_TOP_IDS, TEACHER_TOP_LOGPROBS, TOKEN_ADVANTAGE)
 from grpo_core.pipeline.distillation import with_teacher_signal
-from grpo_core.teacher import TeacherInput
-from grpo_core.teacher.causal_lm import (
+from grpo_core.rewards.teacher import TeacherInput
+from grpo_core.rewards.teacher.causal_lm import (
     CausalLMTeacher, TeacherError, check_same_vocabulary, check_teacher_tokenizer)
-from grpo_core.train.batch import pack_batch
+from grpo_core.engine.train.batch import pack_batch
 
 EXAMPLE = [{"role": "user", "content": "What is 52 + 7?"}, {"role": "assistant", "content": "\\boxed{59}"}]
 
@@ -117,7 +117,7 @@ class _FixedTeacher:
         self.logprobs, self.top, self.top_k = logprobs, top, top_k
 
     def score(self, rows):
-        from grpo_core.teacher import TeacherScores
+        from grpo_core.rewards.teacher import TeacherScores
 
         top_k = self.top_k or [((), ())] * len(self.logprobs)
         return [TeacherScores(tuple(lp), tuple(t), tuple(map(tuple, ids)), tuple(map(tuple, lps)))

@@ -11,9 +11,9 @@ import pytest
 
 from grpo_cli.reference import PAGES, missing_descriptions, stale_pages
 from grpo_core.config import GRPOConfig
-from grpo_core.precision import LogprobGap
+from grpo_core.engine.precision import LogprobGap
 from tasks.metric_columns import COLUMNS, undocumented
-from grpo_core.results import TrainStep
+from grpo_core.engine.results import TrainStep
 from tasks.results import (EvalResult, InboxResult, IterationTimes, RolloutResult, ScoreResult, SyncResult,
                            TrainResult, IterationRecord)
 from tests.conftest import REPO

@@ -1,4 +1,4 @@
-"""The policy endpoint (grpo_core/endpoint/): an OpenAI SDK client's two-turn conversation becomes one training row
+"""The policy endpoint (grpo_core/outside/endpoint/): an OpenAI SDK client's two-turn conversation becomes one training row
 whose trained tokens are the sampled ones; bad input on every route gets an OpenAI-style error; a closed gate
 waits for the update, then refuses."""
 from __future__ import annotations
@@ -19,10 +19,10 @@ def served(tiny_model, tmp_path_factory):
     test process holds no vLLM engine)."""
     from transformers import AutoTokenizer
 
-    from grpo_core.endpoint.policy import EnginePolicy
-    from grpo_core.endpoint.recorder import EpisodeRecorder
-    from grpo_core.endpoint.server import EndpointServer, EndpointSettings, PolicyEndpoint
-    from grpo_core.rollout.server import ServerSampler
+    from grpo_core.outside.endpoint.policy import EnginePolicy
+    from grpo_core.outside.endpoint.recorder import EpisodeRecorder
+    from grpo_core.outside.endpoint.server import EndpointServer, EndpointSettings, PolicyEndpoint
+    from grpo_core.engine.rollout.server import ServerSampler
     from tests.vllm_server import Server
 
     process = Server(tiny_model, tmp_path_factory.mktemp("serve") / "serve.log",
@@ -44,7 +44,7 @@ def served(tiny_model, tmp_path_factory):
 def test_a_two_turn_conversation_from_the_openai_sdk_is_one_row_of_the_sampled_tokens(served):
     from openai import OpenAI
 
-    from grpo_core.endpoint.policy import episode_rows
+    from grpo_core.outside.endpoint.policy import episode_rows
     from grpo_core.pipeline.inbox import validate
 
     server, engine, tokenizer = served
@@ -181,8 +181,8 @@ def test_an_episode_must_continue_its_history_and_a_reward_must_be_a_number(serv
 def test_a_closed_gate_waits_for_the_update_then_refuses_and_a_stopping_run_refuses_at_once(served):
     import threading
 
-    from grpo_core.endpoint.recorder import RequestError
-    from grpo_core.endpoint.server import PolicyGate
+    from grpo_core.outside.endpoint.recorder import RequestError
+    from grpo_core.outside.endpoint.server import PolicyGate
 
     server = served[0]
     body = {"prompt": "1 + 1 =", "max_tokens": 2}
@@ -228,8 +228,8 @@ def test_an_episode_given_up_is_discarded_not_left_open(served):
 def test_an_episode_takes_one_call_at_a_time(served):
     """Two calls on one episode at once, or one planned before the other's answer was recorded, would fork the
     episode the learner trains on: the second is refused (409)."""
-    from grpo_core.endpoint.recorder import RequestError
-    from grpo_core.rollout.sampler import Sample
+    from grpo_core.outside.endpoint.recorder import RequestError
+    from grpo_core.engine.rollout.sampler import Sample
 
     recorder = served[0].endpoint.recorder
     messages = [{"role": "user", "content": "1 + 2?"}]

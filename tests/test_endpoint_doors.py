@@ -23,10 +23,10 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_core.endpoint import requests as door
-from grpo_core.endpoint.requests import RequestError
-from grpo_core.endpoint.sampling import SamplingRequest
-from grpo_core.rollout.sampler import Sample
+from grpo_core.outside.endpoint import requests as door
+from grpo_core.outside.endpoint.requests import RequestError
+from grpo_core.outside.endpoint.sampling import SamplingRequest
+from grpo_core.engine.rollout.sampler import Sample
 
 TOKEN = "door-token"
 CONTEXT = 112  # the policy's context in these tests: the finding's multi-turn episode reached exactly it
@@ -56,8 +56,8 @@ def tokenizer(tiny_model):
 
 
 def _endpoint(tokenizer, sink=None, **settings):
-    from grpo_core.endpoint.recorder import EpisodeRecorder
-    from grpo_core.endpoint.server import EndpointSettings, PolicyEndpoint
+    from grpo_core.outside.endpoint.recorder import EpisodeRecorder
+    from grpo_core.outside.endpoint.server import EndpointSettings, PolicyEndpoint
 
     return PolicyEndpoint(DoorPolicy(), EpisodeRecorder(tokenizer),
                           EndpointSettings(model_name="tiny", max_tokens=8, token=TOKEN, wait_s=0.3, **settings),
@@ -66,7 +66,7 @@ def _endpoint(tokenizer, sink=None, **settings):
 
 @pytest.fixture(scope="module")
 def served(tokenizer):
-    from grpo_core.endpoint.server import EndpointServer
+    from grpo_core.outside.endpoint.server import EndpointServer
 
     server = EndpointServer(_endpoint(tokenizer, max_body_bytes=256 * 1024)).start()  # chunked tests stay small
     try:
@@ -159,8 +159,8 @@ def test_the_field_rules_check_values_that_never_were_json():
 
 # ------------------------------------------------------------------------------------------ 3. rewards
 def test_a_reward_beyond_the_bound_is_refused_not_clipped_and_the_episode_stays_open(tokenizer, tmp_path):
-    from grpo_core.endpoint.groups import EpisodeGroups
-    from grpo_core.storage import RunStore
+    from grpo_core.outside.endpoint.groups import EpisodeGroups
+    from grpo_core.run.storage import RunStore
 
     endpoint = _endpoint(tokenizer, sink=EpisodeGroups(RunStore(str(tmp_path), "run"), 4))
     _record_turn(endpoint, "big-0", CHAT["messages"], [19, 2])
@@ -175,9 +175,9 @@ def test_a_reward_beyond_the_bound_is_refused_not_clipped_and_the_episode_stays_
 def test_a_group_whose_statistics_overflow_is_kept_as_rejected_with_its_reason(tokenizer, tmp_path):
     """The finding: four episodes with reward 1e308 overflowed the group's advantages to NaN and killed the run.
     With a bound raised that far (a service's own setting), the complete group goes to inbox/rejected instead."""
-    from grpo_core.endpoint.groups import EpisodeGroups
+    from grpo_core.outside.endpoint.groups import EpisodeGroups
     from grpo_core.pipeline.inbox import REJECTED, ready_items
-    from grpo_core.storage import RunStore
+    from grpo_core.run.storage import RunStore
 
     store = RunStore(str(tmp_path), "run")
     endpoint = _endpoint(tokenizer, sink=EpisodeGroups(store, 4), max_abs_reward=1e308)
@@ -306,7 +306,7 @@ def test_a_chunked_body_is_refused_once_it_passes_the_limit(served):
 
 
 def test_the_default_body_limit_takes_a_long_context_as_token_ids():
-    from grpo_core.endpoint.server import EndpointSettings
+    from grpo_core.outside.endpoint.server import EndpointSettings
 
     ids = json.dumps({"prompt": {"prompt_token_ids": [151_643] * 131_072}}).encode()  # 128k ids of 6 digits
     assert len(ids) < EndpointSettings(model_name="m", max_tokens=1).max_body_bytes
@@ -362,10 +362,10 @@ def test_ids_as_the_drivers_and_clients_make_them_pass_and_a_bad_group_name_is_r
 
 # ------------------------------------------------------------------------- 9. a group that cannot be trained
 def test_a_group_of_episodes_from_different_prompts_is_kept_as_rejected_and_the_finish_answers(tokenizer, tmp_path):
-    from grpo_core.endpoint.groups import EpisodeGroups
-    from grpo_core.endpoint.server import EndpointServer
+    from grpo_core.outside.endpoint.groups import EpisodeGroups
+    from grpo_core.outside.endpoint.server import EndpointServer
     from grpo_core.pipeline.inbox import REJECTED, ready_items
-    from grpo_core.storage import RunStore
+    from grpo_core.run.storage import RunStore
 
     store = RunStore(str(tmp_path), "run")
     server = EndpointServer(_endpoint(tokenizer, sink=EpisodeGroups(store, 2))).start()
@@ -392,10 +392,10 @@ def test_a_group_the_run_folder_cannot_take_stays_whole_and_the_finish_can_be_tr
                                                                                           monkeypatch):
     """A storage fault while the completed group is written: the finish that completed it answers 503 (the episode
     open again, its group's other episodes kept), and the same finish tried again writes the whole group."""
-    from grpo_core.endpoint.groups import EpisodeGroups
-    from grpo_core.endpoint.server import EndpointServer
+    from grpo_core.outside.endpoint.groups import EpisodeGroups
+    from grpo_core.outside.endpoint.server import EndpointServer
     from grpo_core.pipeline.inbox import ready_items
-    from grpo_core.storage import RunStore, StorageError
+    from grpo_core.run.storage import RunStore, StorageError
 
     store = RunStore(str(tmp_path), "run")
     server = EndpointServer(_endpoint(tokenizer, sink=EpisodeGroups(store, 2))).start()
@@ -432,7 +432,7 @@ def test_health_answers_while_every_worker_thread_waits_on_a_closed_gate(tokeniz
     """60 calls wait (up to 6 s each) for a weight update: more than the worker threads (40); /health is not one of
     them. Queued behind them it would answer after 5 s at least; the bound, 3 s, leaves room for a loaded machine
     (1.6 s seen with the other test worker busy)."""
-    from grpo_core.endpoint.server import EndpointServer
+    from grpo_core.outside.endpoint.server import EndpointServer
 
     server = EndpointServer(_endpoint(tokenizer)).start()
     server.endpoint.settings.wait_s = 6.0
@@ -457,8 +457,8 @@ def test_health_answers_while_every_worker_thread_waits_on_a_closed_gate(tokeniz
 def test_the_endpoint_file_is_never_readable_by_others_while_it_is_written(tmp_path):
     """A watcher stats every entry of the run folder in a tight loop while the file is written 300 times (its
     temporary name included), with umask 0: a file ever created more open than 0600 would be seen."""
-    from grpo_core.endpoint.owner_file import write_owner_only
-    from grpo_core.storage import RunStore
+    from grpo_core.outside.endpoint.owner_file import write_owner_only
+    from grpo_core.run.storage import RunStore
 
     store = RunStore(str(tmp_path), "run")
     folder = os.path.dirname(store.local_path("endpoint.json"))
@@ -494,7 +494,7 @@ def test_the_endpoint_file_is_never_readable_by_others_while_it_is_written(tmp_p
 
 # ------------------------------------------------------------------------------------- 12. Atropos pulls
 def _atropos_group(ledger, scores=(1.0, 0.0)) -> dict:
-    from grpo_core.atropos.groups import MASKED
+    from grpo_core.outside.atropos.groups import MASKED
 
     prompt, seqs = [1, 2, 3], []
     for i in range(2):
@@ -529,8 +529,8 @@ def _deep(levels: int):
 ])
 def test_an_atropos_group_with_an_unbounded_or_unreadable_value_is_refused_with_its_reason(change, sequence, field,
                                                                                          words):
-    from grpo_core.atropos.groups import GroupLimits, GroupRefused, group_rows
-    from grpo_core.endpoint.ledger import SampledLedger
+    from grpo_core.outside.atropos.groups import GroupLimits, GroupRefused, group_rows
+    from grpo_core.outside.endpoint.ledger import SampledLedger
 
     ledger = SampledLedger()
     group = _atropos_group(ledger)
@@ -542,8 +542,8 @@ def test_an_atropos_group_with_an_unbounded_or_unreadable_value_is_refused_with_
 
 
 def test_scores_at_the_bound_are_taken():
-    from grpo_core.atropos.groups import GroupLimits, group_rows
-    from grpo_core.endpoint.ledger import SampledLedger
+    from grpo_core.outside.atropos.groups import GroupLimits, group_rows
+    from grpo_core.outside.endpoint.ledger import SampledLedger
 
     ledger = SampledLedger()
     table = group_rows(_atropos_group(ledger, scores=(1e6, -10**6)), GroupLimits(2, 100), ledger, str)
@@ -568,11 +568,11 @@ class _BrokenBatches(BaseHTTPRequestHandler):
 
 
 def test_a_batch_that_cannot_be_read_is_refused_and_the_pulls_go_on(tmp_path):
-    from grpo_core.atropos.client import AtroposClient, Registration
-    from grpo_core.atropos.groups import GroupLimits
-    from grpo_core.atropos.source import AtroposSource
-    from grpo_core.endpoint.ledger import SampledLedger
-    from grpo_core.outside_source import Supervisor
+    from grpo_core.outside.atropos.client import AtroposClient, Registration
+    from grpo_core.outside.atropos.groups import GroupLimits
+    from grpo_core.outside.atropos.source import AtroposSource
+    from grpo_core.outside.endpoint.ledger import SampledLedger
+    from grpo_core.outside.source import Supervisor
 
     ledger = SampledLedger()
     good = _atropos_group(ledger)
@@ -611,7 +611,7 @@ def test_a_batch_that_cannot_be_read_is_refused_and_the_pulls_go_on(tmp_path):
 def test_the_closing_summary_names_the_episodes_a_dead_client_left_open(tokenizer, capsys):
     """A client that died mid-episode never finishes nor discards it: the run's closing line names it (and says
     none when there is none), so a lost episode is never silent."""
-    from grpo_core.endpoint.server import EndpointServer
+    from grpo_core.outside.endpoint.server import EndpointServer
     from tasks.endpoint import close_endpoint
 
     server = EndpointServer(_endpoint(tokenizer)).start()

@@ -11,7 +11,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tests.conftest import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]

@@ -10,7 +10,7 @@ import torch
 from grpo_core.envs import (
     Calculator, ChatContinuation, Environment, EpisodeLimits, Step, Tool, ToolEnv, ToolError, run_episodes)
 from grpo_core.envs.runner import _run_bounded
-from grpo_core.rollout.sampler import Sample
+from grpo_core.engine.rollout.sampler import Sample
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -94,7 +94,7 @@ def tokenizer(tiny_model):
 
 @pytest.fixture(scope="module")
 def sampler(tiny_model):
-    from grpo_core.rollout.sampler import SamplerSpec, VLLMSampler
+    from grpo_core.engine.rollout.sampler import SamplerSpec, VLLMSampler
 
     return VLLMSampler(SamplerSpec(model_path=tiny_model, kv_cache_mb=64, max_model_len=256))
 
@@ -241,8 +241,8 @@ def test_an_episode_stops_at_its_token_budget(sampler, tokenizer):
 def test_environment_tokens_get_no_gradient_and_the_learner_agrees_with_the_sampler(sampler, tokenizer, tiny_model):
     from grpo_core.algo.losses import policy_loss
     from grpo_core.config import build_config
-    from grpo_core.train.batch import pack_batch
-    from grpo_core.train.learner import Learner, LearnerSpec
+    from grpo_core.engine.train.batch import pack_batch
+    from grpo_core.engine.train.learner import Learner, LearnerSpec
 
     prompts = _prompts(tokenizer)
     _, groups = _seeds_reaching_three_answers(sampler, ChatContinuation(tokenizer), prompts, n=4)

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tasks.metric_columns import undocumented
 from tests.conftest import REPO, tiny_config
 
@@ -109,7 +109,7 @@ def test_grpo_eval_on_a_checkpoint_and_bad_arguments(run_with_two_sets, tmp_path
 def test_a_run_given_as_a_path_is_refused_with_the_name_and_root_to_use():
     from contextlib import ExitStack
 
-    from grpo_core.offline_eval import EvalError, resolve_policy
+    from grpo_core.lifecycle.offline_eval import EvalError, resolve_policy
 
     with ExitStack() as stack, pytest.raises(EvalError, match=r"--run 'runs/tc-c'.*try --run tc-c --root runs"):
         resolve_policy(stack, run="runs/tc-c")

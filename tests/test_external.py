@@ -12,7 +12,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tests.conftest import REPO, tiny_config
 from tests.vllm_server import Server
 from tests.watchers import RequestTrap, recorded

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpo_core.data.schemas import ROLLOUT_FIELDS, SCORE_FIELDS, check_schema
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tasks.metric_columns import undocumented
 from tests.conftest import tiny_config
 

@@ -54,7 +54,7 @@ def _modules(path: Path) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("package", ["grpo_core/rollout", "grpo_core/train"])
+@pytest.mark.parametrize("package", ["grpo_core/engine/rollout", "grpo_core/engine/train"])
 def test_rollout_and_train_never_import_the_weight_transports(package):
     """The transports know both ends (``weights/`` imports ``rollout/`` and ``train/``), never the reverse."""
     bad = {str(f.relative_to(REPO)): sorted(m for m in _modules(f)

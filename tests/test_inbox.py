@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from grpo_core.pipeline import inbox
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 
 G = 4
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from grpo_core.config import build_config
-from grpo_core.train import segment_attention
-from grpo_core.train.batch import pack_batch, pack_row
-from grpo_core.train.learner import Learner, LearnerSpec
+from grpo_core.engine.train import segment_attention
+from grpo_core.engine.train.batch import pack_batch, pack_row
+from grpo_core.engine.train.learner import Learner, LearnerSpec
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -119,7 +119,7 @@ def _group_batch(groups=4, samples=3, seed=1):
 
 
 def test_packing_gives_the_padded_batch_logprobs_and_step(tiny_model):
-    from grpo_core.train.segment_attention import Block
+    from grpo_core.engine.train.segment_attention import Block
 
     batch = _group_batch()
     pack = pack_row(batch, attention_width=128, call_cost=2e6)
@@ -230,8 +230,8 @@ def test_epochs_and_mini_batches_make_that_many_optimizer_steps(tiny_model):
 def test_snapshot_then_load_state_continues_bit_identically(tiny_model, tmp_path):
     """A learner restored from a snapshot (DeepSpeed state, optimizer, lr scheduler, RNG) takes exactly the steps
     the original takes: checkpoint resume is exact, not approximate."""
-    from grpo_core.checkpoint import CheckpointWriter
-    from grpo_core.storage import RunStore
+    from grpo_core.run.checkpoint import CheckpointWriter
+    from grpo_core.run.storage import RunStore
 
     original = _learner(tiny_model, micro=4, accum=2, lr_schedule="cosine")
     for seed in range(2):
@@ -280,8 +280,8 @@ def test_bfloat16_trains_on_float32_master_weights_and_resumes_exactly(tiny_mode
     """model.dtype bfloat16: the module computes in bf16, DeepSpeed's BF16 optimizer (ZeRO-1, auto with one rank)
     keeps float32 master weights and accumulates gradients in float32; a snapshot restores it bit-identically, with
     the bf16 copies rounded to nearest or stochastically (noise drawn from the seed and the policy version)."""
-    from grpo_core.checkpoint import CheckpointWriter
-    from grpo_core.storage import RunStore
+    from grpo_core.run.checkpoint import CheckpointWriter
+    from grpo_core.run.storage import RunStore
 
     learner = _learner(tiny_model, micro=4, accum=2, dtype="bfloat16", lr=1e-3, bf16_rounding=rounding)
     assert learner.zero_stage == 1 and type(learner.optimizer).__name__ == "BF16_Optimizer"
@@ -338,7 +338,7 @@ def test_torch_threads_are_pinned_even_after_vllm_disables_torch_set_num_threads
     function, so a thread count changed during vLLM's start-up is put back (bit-identical resumes need it)."""
     import torch
 
-    from grpo_core.engine_worker import pin_torch_threads
+    from grpo_core.engine.worker import pin_torch_threads
 
     before = torch.get_num_threads()
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # what vLLM's init_device installs
@@ -357,7 +357,7 @@ def test_the_states_at_response_positions_have_a_gradient_with_the_same_bits_eve
     of the hidden states there is an index_select: its backward sums repeated positions in index order, where
     advanced indexing's backward adds them with atomics from several threads, in an order that changes from run to
     run (seen: runs on a loaded machine stopped being bit-identical)."""
-    from grpo_core.train.learner import _states_at
+    from grpo_core.engine.train.learner import _states_at
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(8, 64, 32, generator=g)

@@ -23,7 +23,7 @@ def _config(model: str, learners: int, zero: int, **train):
 
 
 def _learner(model: str, learners: int, zero: int, **train):
-    from grpo_core.train.learner import Learner, LearnerSpec
+    from grpo_core.engine.train.learner import Learner, LearnerSpec
 
     cfg = _config(model, learners, zero, **train)
     return Learner(LearnerSpec(model_path=model, total_steps=10), cfg.algo, cfg.train,
@@ -32,7 +32,7 @@ def _learner(model: str, learners: int, zero: int, **train):
 
 def _rank_main(rank: int, port: int, model: str, zero: int, out: str, train: dict) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    from grpo_core.roles.learner import init_learner_group
+    from grpo_core.engine.roles.learner import init_learner_group
     from tests.test_learner import _batch
 
     init_learner_group("127.0.0.1", port, rank, 2)

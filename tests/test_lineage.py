@@ -6,9 +6,11 @@ import os
 
 import pytest
 
-from grpo_core import checkpoint, lineage
-from grpo_core.runs import FINAL_MANIFEST, STATUS
-from grpo_core.storage import CONFIG, RunStore
+from grpo_core.run import checkpoint
+
+from grpo_core.lifecycle import lineage
+from grpo_core.run.status import FINAL_MANIFEST, STATUS
+from grpo_core.run.storage import CONFIG, RunStore
 
 
 def _run(root: str, name: str, *, updated_at: float, final: bool = False, checkpoint_iter: int | None = None,

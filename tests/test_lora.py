@@ -70,7 +70,7 @@ def test_lora_defaults_and_derived_settings():
 # ------------------------------------------------------------------------------------------------ export refusals
 
 def _main(*argv: str) -> int:
-    from grpo_core.cli import main
+    from grpo_cli.commands import main
 
     return main(list(argv))
 
@@ -79,7 +79,7 @@ def test_export_refuses_a_run_without_an_adapter(tiny_model, tmp_path, capsys):
     """A run trained without LoRA has a full model in final/: nothing to merge."""
     import shutil
 
-    from grpo_core.storage import RunStore
+    from grpo_core.run.storage import RunStore
 
     store = RunStore(str(tmp_path), "full")
     store.write_config(build_config(tiny_config(tiny_model, str(tmp_path), run_name="full")).model_dump(mode="json"))
@@ -133,9 +133,9 @@ def _hf_name(peft_name: str) -> str:
 def trained(tiny_model, tmp_path_factory):
     """An engine worker (sampler + learner rank, as a colocated actor holds them) trained ITERATIONS iterations
     with LoRA, syncing the adapter in-process after each; KL to the reference (the base) is on."""
-    from grpo_core.engine_worker import EngineWorker
-    from grpo_core.storage import RunStore
-    from grpo_core.train.learner import ensure_process_group
+    from grpo_core.engine.worker import EngineWorker
+    from grpo_core.run.storage import RunStore
+    from grpo_core.engine.train.learner import ensure_process_group
 
     root = tmp_path_factory.mktemp("lora")
     cfg = build_config(tiny_config(tiny_model, str(root), model__lora=dict(LORA), rollout__prompts_per_iteration=4,
@@ -225,7 +225,7 @@ def test_files_transport_publishes_only_the_adapter(trained):
 def test_kl_reference_is_the_base_model(trained, tiny_model):
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.train.batch import pack_batch
+    from grpo_core.engine.train.batch import pack_batch
 
     worker, table = trained["worker"], trained["last_rollout"]
     learner = worker.learner
@@ -245,10 +245,10 @@ def test_kl_reference_is_the_base_model(trained, tiny_model):
 @pytest.mark.slow
 def test_lora_checkpoint_holds_only_the_adapter_and_resumes_bit_identically(trained, tmp_path):
     """It trains the worker's learner one step further (the sampler is synced again by the next test)."""
-    from grpo_core.checkpoint import CheckpointWriter
-    from grpo_core.storage import RunStore
-    from grpo_core.train.batch import pack_batch
-    from grpo_core.train.learner import Learner, LearnerSpec
+    from grpo_core.run.checkpoint import CheckpointWriter
+    from grpo_core.run.storage import RunStore
+    from grpo_core.engine.train.batch import pack_batch
+    from grpo_core.engine.train.learner import Learner, LearnerSpec
 
     worker, cfg, table = trained["worker"], trained["cfg"], trained["last_rollout"]
     original = worker.learner

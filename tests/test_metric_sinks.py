@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from grpo_core.config import load_config
-from grpo_core.metric_sinks import MetricSinkError, MetricSinks, scalars
-from grpo_core.storage import RunStore
+from grpo_core.run.metric_sinks import MetricSinkError, MetricSinks, scalars
+from grpo_core.run.storage import RunStore
 
 
 def _read(folder):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from grpo_core.config import ConfigError, build_config, check_model_folder
-from grpo_core.model.gguf_import import ModelImportError, end_of_turn_ids, installed_smollm2_gguf, read_gguf_info
+from grpo_core.lifecycle.model.gguf_import import ModelImportError, end_of_turn_ids, installed_smollm2_gguf, read_gguf_info
 
 
 def _gguf(path, arch: str, kind: str = "model"):

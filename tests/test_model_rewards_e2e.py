@@ -10,7 +10,7 @@ import pytest
 
 from grpo_core.rewards.models import RewardInput
 from grpo_core.rewards.models.verdicts import parse_number
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tests.conftest import REPO, tiny_config
 from tests.vllm_server import Server
 
@@ -88,7 +88,7 @@ def test_a_remote_judge_that_stalls_mid_score_leaves_rows_unscored_with_the_reas
 def test_grpo_with_only_a_reward_model_moves_the_policy_to_what_it_prefers(tiny_model, tmp_path):
     """configs/tiny-rm.yaml, shorter: the reward model (its own Ray actor) is the only reward; the share of even
     answers (a weight-0 plugin) rises, and scored.parquet holds the model's own scores."""
-    from grpo_core.model.tiny_rm import TinyRMSpec, build_tiny_rm
+    from grpo_core.lifecycle.model.tiny_rm import TinyRMSpec, build_tiny_rm
     from grpo_core.rewards.models.classifier import ClassifierReward
     from grpo_core.rewards.scorer import reward_input
     from flows.grpo_train import grpo_train

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_core import checkpoint
-from grpo_core.storage import RunStore
+from grpo_core.run import checkpoint
+from grpo_core.run.storage import RunStore
 from tests.cli_runs import kill_once_listed, learning_rows, run_cli_to_end, weights_differing
 from tests.conftest import REPO
 

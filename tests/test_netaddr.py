@@ -1,10 +1,10 @@
-"""Which address a process advertises or binds when it talks to another host (grpo_core.netaddr), and the address
+"""Which address a process advertises or binds when it talks to another host (grpo_core.infra.netaddr), and the address
 the flow's driver joins a Ray cluster as (grpo_core.cluster.ray_cluster.driver_address)."""
 from __future__ import annotations
 
 import pytest
 
-from grpo_core.netaddr import local_address_towards
+from grpo_core.infra.netaddr import local_address_towards
 
 
 def test_the_address_facing_a_loopback_peer_is_loopback():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_core.train.output_head import chunk_tokens_for, output_logprobs
+from grpo_core.engine.train.output_head import chunk_tokens_for, output_logprobs
 
 
 def _reference(hidden, weight, targets, temperature, entropy):

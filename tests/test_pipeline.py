@@ -106,7 +106,7 @@ def test_a_group_whose_reward_is_not_finite_or_overflows_is_left_out_whole_and_c
 def test_the_learner_leaves_out_rows_whose_inputs_are_not_finite():
     """What reaches the learner with a NaN or an infinity (an advantage, a sampler logprob, a teacher's) is cleared
     from the loss mask and counted, at any depth of per-token lists; absent values are no fault."""
-    from grpo_core.train.batch import finite_rows
+    from grpo_core.engine.train.batch import finite_rows
 
     nan, inf = float("nan"), float("inf")
     kept, cleared = finite_rows([True, True, True, False, True], [0.5, nan, 0.1, nan, 0.2],

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from grpo_core.cluster.engines import SyncCheckFailed, check_gap, check_weights
-from grpo_core.precision import logprob_gap
-from grpo_core.weights_digest import Receipt, WeightsDigest
+from grpo_core.engine.precision import logprob_gap
+from grpo_core.engine.weights_digest import Receipt, WeightsDigest
 from tests.conftest import tiny_config
 
 
@@ -51,7 +51,7 @@ def test_a_bfloat16_run_trains_and_its_syncs_pass_the_digest_check(tiny_model, t
     from safetensors.torch import load_file
 
     from flows.grpo_train import grpo_train
-    from grpo_core.storage import RunStore
+    from grpo_core.run.storage import RunStore
 
     cfg = tiny_config(tiny_model, str(tmp_path), model__dtype="bfloat16", weights__check_every=1, eval__interval=0,
                       rollout__prompts_per_iteration=4, train__lr=1e-3)

@@ -22,8 +22,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from grpo_core import checkpoint
-from grpo_core.storage import RunStore
+from grpo_core.run import checkpoint
+from grpo_core.run.storage import RunStore
 from tests.cli_runs import kill_tree, run_cli_to_end, start_cli, wait_committed, wait_listed
 from tests.conftest import REPO, tiny_config
 
@@ -92,9 +92,9 @@ def test_sampling_stops_at_end_of_turn_long_answers_and_the_learner_agrees_with_
 
     from grpo_core.config import build_config
     from grpo_core.data.schemas import sample_rows
-    from grpo_core.rollout.sampler import SamplerSpec, VLLMSampler
-    from grpo_core.train.batch import pack_batch
-    from grpo_core.train.learner import Learner, LearnerSpec
+    from grpo_core.engine.rollout.sampler import SamplerSpec, VLLMSampler
+    from grpo_core.engine.train.batch import pack_batch
+    from grpo_core.engine.train.learner import Learner, LearnerSpec
 
     tok = AutoTokenizer.from_pretrained(smollm2_model)
     short = _chat_ids(tok, "What is 23 + 4?")
@@ -184,7 +184,7 @@ def test_the_run_learns_safely_and_resumes_bit_identically_after_sigkill(referen
 
 
 def test_final_and_a_checkpoint_load_in_both_engines_and_grpo_eval_reproduces_the_last_eval(reference, tmp_path):
-    from grpo_core.model.load_check import check_loads
+    from grpo_core.lifecycle.model.load_check import check_loads
 
     ref_root, cfg = reference
     run = ref_root / "ref"
@@ -244,7 +244,7 @@ def test_lora_trains_the_adapter_only_and_the_merged_export_loads(smollm2_model,
     """Colocated LoRA with the post-sync check at every iteration: vLLM scores prompt logprobs through the adapter
     (it used to fail on the output layer's LoRA wrapper); the merged export loads in both engines."""
     from flows.grpo_train import grpo_train
-    from grpo_core.model.load_check import check_loads
+    from grpo_core.lifecycle.model.load_check import check_loads
 
     cfg = real_config(smollm2_model, tmp_path, "lora", iterations=2, eval__interval=0, train__lr=1e-4,
                       checkpoint__interval=0, model__lora={"rank": 8, "alpha": 16})

@@ -15,13 +15,13 @@ from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
-from grpo_core import lineage
-from grpo_core.cli import main as grpo
+from grpo_core.lifecycle import lineage
+from grpo_cli.commands import main as grpo
 from grpo_core.config import ConfigError, GateConfig, RegistryConfig, load_config
-from grpo_core.gate import decide
-from grpo_core.promotion import GATE, run_gate
-from grpo_core.registry import ModelVersion, RegistryError, RegistryUnavailable, open_registry
-from grpo_core.storage import RunStore
+from grpo_core.lifecycle.gate import decide
+from grpo_core.lifecycle.promotion import GATE, run_gate
+from grpo_core.lifecycle.registry import ModelVersion, RegistryError, RegistryUnavailable, open_registry
+from grpo_core.run.storage import RunStore
 
 KINDS = ["mlflow", "folder"]
 
@@ -284,7 +284,7 @@ def test_the_decision_artifact_shows_both_sides_and_the_guards(tmp_path):
 
 
 def test_serve_champion_resolves_the_champions_policy_and_serves_it_under_the_models_name(tmp_path, monkeypatch):
-    import grpo_core.cli as cli
+    import grpo_cli.commands as cli
 
     served = []
     monkeypatch.setattr(cli, "_serve", lambda args, model, extra: served.append((model, args.served_model_name)))

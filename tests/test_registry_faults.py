@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.cli import main as grpo
+from grpo_cli.commands import main as grpo
 from grpo_core.config import RegistryConfig
-from grpo_core.promotion import run_gate
-from grpo_core.registry import ModelVersion, RegistryCorrupt, RegistryUnavailable, open_registry, registry_uri
+from grpo_core.lifecycle.promotion import run_gate
+from grpo_core.lifecycle.registry import ModelVersion, RegistryCorrupt, RegistryUnavailable, open_registry, registry_uri
 from tests.test_registry import _cfg, _figures, _finished_run
 
 KINDS = ["mlflow", "folder"]
@@ -373,7 +373,7 @@ def test_a_promotion_that_waits_for_the_lock_keeps_its_json_on_stdout(seeded, tm
 
 
 def test_serving_a_champion_whose_run_folder_is_gone_says_so(tmp_path, monkeypatch):
-    import grpo_core.cli as cli
+    import grpo_cli.commands as cli
 
     served = []
     monkeypatch.setattr(cli, "_serve", lambda args, model, extra: served.append(model))

@@ -6,7 +6,7 @@ import struct
 
 import pyarrow as pa
 
-from grpo_core.report import metrics_table, plot_curves, plot_timeline, stage_spans, summary_lines
+from grpo_core.run.report import metrics_table, plot_curves, plot_timeline, stage_spans, summary_lines
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -22,8 +22,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from grpo_core import checkpoint
-from grpo_core.storage import RunStore
+from grpo_core.run import checkpoint
+from grpo_core.run.storage import RunStore
 from tasks.checkpoint import POOL_FILE
 from tests.cli_runs import (
     api_env, kill_tree, learning_rows, run_cli_to_end, start_cli, stop_once_listed, weights_differing,
@@ -274,7 +274,7 @@ def test_s3_outage_of_10s_mid_run_is_survived_and_nothing_is_lost(reference, tin
 
     from flows.grpo_train import grpo_train
     from grpo_core.data.schemas import ROLLOUT_FIELDS, SCORE_FIELDS, check_schema
-    from grpo_core.s3server import start_s3_server
+    from grpo_core.infra.s3server import start_s3_server
 
     # A server of its own: the session's shared one must not go down under other tests.
     server = start_s3_server(tmp_path_factory.mktemp("s3-outage"), buckets=["outage"])

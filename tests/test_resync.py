@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from grpo_core.config import build_config
 from grpo_core.data.schemas import rollouts_table
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tests.conftest import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def test_stale_or_corrupted_sampler_is_detected_and_resynced(tiny_model, tmp_path, prefect_harness, dtype):
     from grpo_core.cluster.engines import Engines, SyncCheckFailed
     from grpo_core.rewards.scorer import Scorer
-    from grpo_core.runs import RunStatus
+    from grpo_core.run.status import RunStatus
     from tasks.context import RunContext
     from tasks.sync import check_rows, ensure_synced, sync
 

@@ -32,9 +32,9 @@ def _gate_artifact(run: str) -> str:
 def test_three_nights_promote_refuse_promote_through_the_gate(tiny_model, tmp_path, prefect_harness):
     from flows.grpo_train import grpo_train
     from grpo_core.config import RegistryConfig
-    from grpo_core.lineage import walk
-    from grpo_core.registry import open_registry
-    from grpo_core.registry.commands import champion_policy
+    from grpo_core.lifecycle.lineage import walk
+    from grpo_core.lifecycle.registry import open_registry
+    from grpo_core.lifecycle.registry.commands import champion_policy
 
     rows = (REPO / "data/arith/train.jsonl").read_text().splitlines(keepends=True)
     data = tmp_path / "data"

@@ -1,5 +1,5 @@
 """Code accuracy through the Scorer: correct programs score 1, hostile ones 0 with a reason, every row finishes and
-the scorer keeps working. Runs real nsjail sandboxes (grpo_core.sandbox)."""
+the scorer keeps working. Runs real nsjail sandboxes (grpo_core.infra.sandbox)."""
 from __future__ import annotations
 
 
@@ -65,7 +65,7 @@ def test_malformed_test_cases_make_the_row_unscorable(code_scorer):
 
 
 def test_no_sandbox_is_a_clear_error_not_an_unsandboxed_run(monkeypatch, tmp_path):
-    from grpo_core.sandbox import SandboxUnavailable
+    from grpo_core.infra.sandbox import SandboxUnavailable
 
     # The spawned workers inherit sys.path and PATH: give them an nsjail package without a binary, and no nsjail on PATH.
     fake = tmp_path / "fake" / "nsjail"

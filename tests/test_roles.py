@@ -21,7 +21,7 @@ def _remote_calls(path) -> set[str]:
 
 
 def test_every_actor_call_of_the_driver_is_a_method_of_the_engine_actor():
-    from grpo_core.engine_worker import EngineWorker
+    from grpo_core.engine.worker import EngineWorker
 
     called = set().union(*(_remote_calls(REPO / "grpo_core/cluster" / name) for name in DRIVER_MODULES))
     assert {"train", "publish_weights", "receive_weights", "sample", "wt_update", "setup"} <= called
@@ -34,9 +34,9 @@ def test_no_actor_method_is_reached_by_a_name_in_a_string():
 
 
 def test_each_role_is_a_module_of_its_own():
-    from grpo_core.engine_worker import EngineWorker
-    from grpo_core.roles.learner import LearnerRole
-    from grpo_core.roles.sampler import SamplerRole
+    from grpo_core.engine.worker import EngineWorker
+    from grpo_core.engine.roles.learner import LearnerRole
+    from grpo_core.engine.roles.sampler import SamplerRole
 
     assert EngineWorker.__mro__[1:3] == (SamplerRole, LearnerRole)
     sampler_side = {"sample", "generate_eval", "sampler_logprobs", "serve_checkpoint", "receive_weights",
@@ -45,5 +45,5 @@ def test_each_role_is_a_module_of_its_own():
                     "checkpoint_result", "restore", "save_final", "published_receipt", "open_rendezvous"}
     assert sampler_side <= set(vars(SamplerRole)) and not sampler_side & set(vars(LearnerRole))
     assert learner_side <= set(vars(LearnerRole)) and not learner_side & set(vars(SamplerRole))
-    for module in ("engine_worker.py", "roles/sampler.py", "roles/learner.py"):
-        assert len((REPO / "grpo_core" / module).read_text().splitlines()) < 300, module
+    for module in ("worker.py", "roles/sampler.py", "roles/learner.py"):
+        assert len((REPO / "grpo_core/engine" / module).read_text().splitlines()) < 300, module

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_core.rollout.sampler import SamplerSpec, VLLMSampler
+from grpo_core.engine.rollout.sampler import SamplerSpec, VLLMSampler
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +59,8 @@ def test_shared_prompt_prefill_reads_the_cache_and_samples_what_full_prefills_do
     same tokens, the same logprobs up to float noise."""
     from vllm import SamplingParams, TokensPrompt
 
-    from grpo_core.model.tiny import render_prompt
-    from grpo_core.rollout.sampler import CPU_PREFIX_BLOCK
+    from grpo_core.lifecycle.model.tiny import render_prompt
+    from grpo_core.engine.rollout.sampler import CPU_PREFIX_BLOCK
 
     tok = sampler.llm.get_tokenizer()
     prompts = [tok.encode(render_prompt(f"What is {a} + {b}?"), add_special_tokens=False)
@@ -91,7 +91,7 @@ def test_the_receipt_is_what_the_loader_was_handed_and_one_ulp_in_one_weight_sho
     import torch
     from safetensors.torch import load_file
 
-    from grpo_core.weights_digest import WeightsDigest
+    from grpo_core.engine.weights_digest import WeightsDigest
 
     torch_dtype = getattr(torch, dtype)
     # An engine of an earlier test (the unshared one above) tears vLLM's process-wide groups down when the garbage

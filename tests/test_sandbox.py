@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from grpo_core.sandbox import (
+from grpo_core.infra.sandbox import (
     RunResult,
     Sandbox,
     SandboxLimits,
@@ -16,7 +16,7 @@ from grpo_core.sandbox import (
     normalize_output,
     outputs_match,
 )
-from grpo_core.sandbox.nsjail import read_verdict
+from grpo_core.infra.sandbox.nsjail import read_verdict
 from tests.jail import jailed_processes
 
 # 300 s: a test may first wait for another module's jails to end (tests/jail.py)

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from grpo_core.sandbox import Sandbox, SandboxLimits, SandboxUnavailable, check_tests
+from grpo_core.infra.sandbox import Sandbox, SandboxLimits, SandboxUnavailable, check_tests
 from tests.jail import fork_bomb, jailed_processes
 
 # 300 s: a test may first wait for another module's jails to end (tests/jail.py)

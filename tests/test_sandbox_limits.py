@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from grpo_core.sandbox import Sandbox, SandboxLimits, TreeCaps, detect_tree_caps, memory_budget
-from grpo_core.sandbox.cgroups import RUN_PREFIX, run_cgroups
-from grpo_core.sandbox.limits import GIB, MIB, machine_memory_bytes
+from grpo_core.infra.sandbox import Sandbox, SandboxLimits, TreeCaps, detect_tree_caps, memory_budget
+from grpo_core.infra.sandbox.cgroups import RUN_PREFIX, run_cgroups
+from grpo_core.infra.sandbox.limits import GIB, MIB, machine_memory_bytes
 from tests.jail import fork_bomb, jailed_processes
 
 # 300 s: a test may first wait for another module's jails to end (tests/jail.py)
@@ -127,7 +127,7 @@ def test_without_a_cgroup_the_same_tree_passes_the_cap_and_the_log_says_so(caplo
     held, killed = _fates(capped.stdout)
     assert killed >= 2 and capped.peak_memory_bytes <= limits.memory_bytes + CHARGE_SLACK, capped
 
-    with caplog.at_level(logging.WARNING, logger="grpo_core.sandbox.runner"):
+    with caplog.at_level(logging.WARNING, logger="grpo_core.infra.sandbox.runner"):
         uncapped_sandbox = Sandbox(limits, tree_caps=TreeCaps(kind="none", reason="test: cgroups not used"))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "test: cgroups not used" in warnings[0] and "per process only" in warnings[0]

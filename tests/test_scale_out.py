@@ -9,7 +9,7 @@ import threading
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tests.conftest import tiny_config
 from tests.watchers import during_rollout
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_core.train.segment_attention import group_blocks, shared_prompt_mask
+from grpo_core.engine.train.segment_attention import group_blocks, shared_prompt_mask
 
 
 def test_the_shared_prompt_mask_lets_responses_see_the_prompt_and_themselves_only():

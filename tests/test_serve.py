@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from grpo_core.serve import ServeOptions, fit_max_model_len, kv_bytes_per_token, vllm_argv
+from grpo_core.lifecycle.serve import ServeOptions, fit_max_model_len, kv_bytes_per_token, vllm_argv
 
 SMOLLM2 = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576,
            "head_dim": 64, "max_position_embeddings": 8192}

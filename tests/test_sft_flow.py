@@ -9,7 +9,7 @@ import pytest
 
 from grpo_core.config import ConfigError
 from grpo_core.data.schemas import RESPONSE_MASK
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tests.cli_runs import learning_rows, weights_differing
 from tests.conftest import REPO, tiny_config
 

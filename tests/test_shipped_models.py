@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.model import build_record
+from grpo_core.lifecycle.model import build_record
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 SHIPPED = ("tiny", "tiny-code", "tiny-tools", "tiny-rm")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_core.results import TrainStep
-from grpo_core.train.step_metrics import REDUCTIONS, MicroBatchMetrics, merge_ranks, reduction
+from grpo_core.engine.results import TrainStep
+from grpo_core.engine.train.step_metrics import REDUCTIONS, MicroBatchMetrics, merge_ranks, reduction
 
 
 def test_micro_batches_sum_the_loss_per_step_and_keep_the_largest_difference():

@@ -10,8 +10,8 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from grpo_core import storage
-from grpo_core.storage import (
+from grpo_core.run import storage
+from grpo_core.run.storage import (
     ConfigConflict,
     ManifestEntry,
     MetricsSchemaError,
@@ -291,7 +291,7 @@ def test_local_overwrite_interrupted_mid_write_keeps_old_file(tmp_path, monkeypa
 
 
 def test_s3_server_start_failure_shows_log_tail(tmp_path):
-    from grpo_core.s3server import S3ServerError, start_s3_server
+    from grpo_core.infra.s3server import S3ServerError, start_s3_server
 
     fake = tmp_path / "weed"
     fake.write_text("#!/bin/sh\necho 'fatal: cannot open volume dir' >&2\nexit 3\n")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpo_core.data import arith
-from grpo_core.model import tiny
+from grpo_core.lifecycle.model import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "arith"

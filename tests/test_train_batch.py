@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from grpo_core.algo import entropy_from_logits
-from grpo_core.train.batch import (equal_counts, pack_batch, plan_micro_batches, token_logprobs,
+from grpo_core.engine.train.batch import (equal_counts, pack_batch, plan_micro_batches, token_logprobs,
                                    token_logprobs_and_entropy)
 
 
@@ -97,7 +97,7 @@ def test_a_trimmed_micro_batch_drops_only_the_columns_no_row_uses():
 
 
 def test_packed_micro_batches_keep_a_group_whole_and_count_its_prompt_once():
-    from grpo_core.train.batch import plan_packed_micro_batches
+    from grpo_core.engine.train.batch import plan_packed_micro_batches
 
     # two groups of 3 rows (prompts of 20 and 10 tokens), responses of 5-12 tokens, and row 6 with no response
     runs = [(20, [0, 1, 2]), (10, [3, 4, 5])]

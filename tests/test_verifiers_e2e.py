@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tests.conftest import REPO
 from tests.outside_clients import client_driven_config, venv_python
 

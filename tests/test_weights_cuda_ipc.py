@@ -11,7 +11,7 @@ import importlib.util
 import pytest
 import torch
 
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 from tests.conftest import tiny_config
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_core.weights_digest import Receipt, WeightsDigest, compare_receipts, describe, tensor_digest
+from grpo_core.engine.weights_digest import Receipt, WeightsDigest, compare_receipts, describe, tensor_digest
 
 
 def _state(dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -32,7 +32,7 @@ SAMPLER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_HOST_IP": LOOPBACK, 
 # ------------------------------------------------------------------------------------- the sampler process
 
 def sampler_main(conn, model_path: str, max_model_len: int = 256) -> None:
-    """A sampler: in-process vLLM (the settings of grpo_core/rollout/sampler.py) with the gloo engine; serves
+    """A sampler: in-process vLLM (the settings of grpo_core/engine/rollout/sampler.py) with the gloo engine; serves
     commands from ``conn`` until "stop"."""
     os.environ.update(SAMPLER_ENV)
     try:
@@ -44,7 +44,7 @@ def sampler_main(conn, model_path: str, max_model_len: int = 256) -> None:
         started = time.perf_counter()
         llm = LLM(model=model_path, dtype="float32", seed=0, enforce_eager=True, max_model_len=max_model_len,
                   distributed_executor_backend="uni", kv_cache_memory_bytes=64 * 2**20,
-                  worker_extension_cls="grpo_core.rollout.worker_ext.WeightReceiver",
+                  worker_extension_cls="grpo_core.engine.rollout.worker_ext.WeightReceiver",
                   logprobs_mode="processed_logprobs", enable_prefix_caching=False, enable_chunked_prefill=False,
                   max_num_batched_tokens=max(8192, max_model_len), weight_transfer_config={"backend": "gloo"})
         conn.send(("ok", {"load_seconds": time.perf_counter() - started, "pid": os.getpid()}))

@@ -12,7 +12,7 @@ def start_service(model: str, root: Path, *extra: str) -> subprocess.Popen:
     root.mkdir(parents=True, exist_ok=True)
     (root / "service.json").unlink(missing_ok=True)
     env = {**os.environ, "GRPO_TINKER_API_KEY": "tml-test-key"}
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_core.cli", "tinker", "serve", "--model", model, "--root",
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.commands", "tinker", "serve", "--model", model, "--root",
                              str(root), "--port", "0", "--max-lora-rank", "8", "--kv-cache-mb", "64", *extra],
                             env=env, stdout=open(root / "server.log", "ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 240

@@ -26,7 +26,7 @@ class Server:
         self.log = log
         env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="WARNING")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "grpo_core.cli", "serve", "--model", model, "--port", str(self.port),
+            [sys.executable, "-m", "grpo_cli.commands", "serve", "--model", model, "--port", str(self.port),
              *(["--kv-cache-mb", "64", "--lora", "--max-lora-rank", "8"] if extra is None else extra)],
             cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 

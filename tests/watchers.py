@@ -8,7 +8,7 @@ from typing import Callable
 
 import psutil
 
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 
 
 def recorded(store: RunStore, iteration: int) -> bool:

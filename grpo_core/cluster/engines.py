@@ -23,7 +23,7 @@ from grpo_core.cluster.learner_group import LearnerGroup
 from grpo_core.cluster.ray_cluster import create_engine_actors, kill, node_ids, remove_groups, start_ray, stop_ray
 from grpo_core.cluster.weight_sync import SyncCheck, SyncCheckFailed, WeightSync, check_gap, check_weights
 from grpo_core.config import GRPOConfig
-from grpo_core.results import EnginesInfo, PlacedActor, Scaled
+from grpo_core.engine.results import EnginesInfo, PlacedActor, Scaled
 
 __all__ = ["EngineLost", "EngineStartError", "Engines", "SamplerUnplaced", "SyncCheck", "SyncCheckFailed",
            "check_gap", "check_weights", "shard"]

@@ -28,8 +28,8 @@ from grpo_core.cluster.ray_cluster import create_sampler_actor, group_placed, ki
     remove_groups
 from grpo_core.config import GRPOConfig
 from grpo_core.config.placements import Colocated, External, Split
-from grpo_core.results import PlacedActor, Sampled, SampledPart, Scaled
-from grpo_core.rollout.server import ServerUnavailable
+from grpo_core.engine.results import PlacedActor, Sampled, SampledPart, Scaled
+from grpo_core.engine.rollout.server import ServerUnavailable
 
 # A replacement sampler that has not built its engine by then is given up until the next sync (it normally takes
 # seconds; the bound is for a bundle whose node died after it was chosen and that no other node can hold).

@@ -10,8 +10,8 @@ import itertools
 
 from grpo_core.cluster.calls import gather
 from grpo_core.cluster.engines import Engines
-from grpo_core.endpoint.sampling import SamplingRequest
-from grpo_core.rollout.sampler import Sample
+from grpo_core.outside.endpoint.sampling import SamplingRequest
+from grpo_core.engine.rollout.sampler import Sample
 
 
 class FleetPolicy:

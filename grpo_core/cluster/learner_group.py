@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from grpo_core.checkpoint import CheckpointRef, PendingCheckpoint
+from grpo_core.run.checkpoint import CheckpointRef, PendingCheckpoint
 from grpo_core.cluster.calls import ActorNames, gather, on_each
 from grpo_core.cluster.ray_cluster import node_ip
 from grpo_core.config import GRPOConfig
-from grpo_core.results import FinalPolicy, TrainStep
+from grpo_core.engine.results import FinalPolicy, TrainStep
 from grpo_core.weights.transport import Published
-from grpo_core.weights_digest import Receipt
+from grpo_core.engine.weights_digest import Receipt
 
 
 class LearnerGroup:

@@ -19,9 +19,9 @@ from ray.util.placement_group import placement_group, remove_placement_group  # 
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
 from grpo_core.config import GRPOConfig, RoleResources  # noqa: E402
-from grpo_core.logs import LOGS  # noqa: E402
-from grpo_core.netaddr import local_address_towards  # noqa: E402
-from grpo_core.storage import RunStore  # noqa: E402
+from grpo_core.run.logs import LOGS  # noqa: E402
+from grpo_core.infra.netaddr import local_address_towards  # noqa: E402
+from grpo_core.run.storage import RunStore  # noqa: E402
 
 # Environment every actor inherits: offline hub, caches inside the project, in-process vLLM on loopback.
 _PASSTHROUGH = ("TORCH_EXTENSIONS_DIR", "VLLM_CACHE_ROOT", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
@@ -188,7 +188,7 @@ def create_engine_actors(cfg: GRPOConfig) -> tuple[list, list, list]:
     actors appear in both lists. Each role is gang-placed with a placement group, which fails with a clear message
     when the cluster cannot hold it instead of waiting forever. Single-threaded actors on purpose: two concurrent
     ``generate`` calls corrupt an in-process vLLM engine."""
-    from grpo_core.engine_worker import EngineWorker
+    from grpo_core.engine.worker import EngineWorker
 
     actor_cls = ray.remote(EngineWorker)
     local = on_loopback(cfg)
@@ -224,7 +224,7 @@ def group_placed(group) -> bool:
 
 def create_sampler_actor(cfg: GRPOConfig, sampler_id: int, group, bundle_index: int) -> Any:
     """A sampler actor in a bundle of a placement group: a dead one's (replacement) or a new group's (scale-up)."""
-    from grpo_core.engine_worker import EngineWorker
+    from grpo_core.engine.worker import EngineWorker
 
     res = cfg.cluster.sampler_resources
     return ray.remote(EngineWorker).options(

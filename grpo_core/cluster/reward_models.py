@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from grpo_core.cluster.model_actors import ModelActors
 from grpo_core.config import GRPOConfig, ModelRewardConfig
-from grpo_core.logs import redirect_process_output
+from grpo_core.run.logs import redirect_process_output
 from grpo_core.rewards.models import ModelReward, ModelVerdict, RewardInput, make_model_reward
 
 

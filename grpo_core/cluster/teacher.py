@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from grpo_core.cluster.model_actors import ModelActors
 from grpo_core.config import GRPOConfig
-from grpo_core.logs import redirect_process_output
-from grpo_core.teacher import Teacher, TeacherInput, TeacherScores
-from grpo_core.teacher.causal_lm import CausalLMTeacher, check_teacher_tokenizer
+from grpo_core.run.logs import redirect_process_output
+from grpo_core.rewards.teacher import Teacher, TeacherInput, TeacherScores
+from grpo_core.rewards.teacher.causal_lm import CausalLMTeacher, check_teacher_tokenizer
 
 
 def teacher_context(cfg: GRPOConfig) -> tuple[str, str | None, list[dict]] | None:

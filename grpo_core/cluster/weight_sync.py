@@ -18,10 +18,10 @@ from grpo_core.cluster.fleet import SamplerFleet
 from grpo_core.cluster.learner_group import LearnerGroup
 from grpo_core.cluster.weight_client import SamplerWeightClient
 from grpo_core.config import GRPOConfig
-from grpo_core.precision import LogprobGap, logprob_gap
-from grpo_core.results import SyncResult
+from grpo_core.engine.precision import LogprobGap, logprob_gap
+from grpo_core.engine.results import SyncResult
 from grpo_core.weights.factory import make_transport
-from grpo_core.weights_digest import Receipt, compare_receipts, describe
+from grpo_core.engine.weights_digest import Receipt, compare_receipts, describe
 
 
 class SyncCheckFailed(RuntimeError):

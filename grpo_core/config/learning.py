@@ -255,7 +255,7 @@ class TrainConfig(_Section):
         default="auto", description="in bfloat16: how the float32 master weights become the bf16 weights the engines "
                                     "compute with after each step. stochastic (DeepSpeed's BF16 optimizer, ZeRO 0-1): "
                                     "unbiased, so updates far below a bf16 step (RL's small learning rates) still "
-                                    "reach the policy (grpo_core/train/bf16_rounding.py); nearest: DeepSpeed's own; "
+                                    "reach the policy (grpo_core/engine/train/bf16_rounding.py); nearest: DeepSpeed's own; "
                                     "auto: stochastic where the BF16 optimizer runs, else nearest")
     fused_kernels: bool = Field(
         default=False, description="on CUDA: Liger's Triton kernels for RMSNorm, RoPE and SwiGLU in the learner "

@@ -48,7 +48,7 @@ class RolloutConfig(_Section):
 
 
 class EndpointConfig(_Section):
-    """The policy endpoint (grpo_core/endpoint/): an OpenAI-compatible API serving the run's current policy to
+    """The policy endpoint (grpo_core/outside/endpoint/): an OpenAI-compatible API serving the run's current policy to
     environments and agents written elsewhere; calls tagged with an episode id are recorded, and finished episodes,
     grouped, are trained on as inbox groups (``grpo_core.pipeline.inbox``)."""
 
@@ -86,7 +86,7 @@ class EndpointConfig(_Section):
 
 
 class AtroposConfig(_Section):
-    """The run as an Atropos trainer (grpo_core/atropos/): atroposlib's API server (started by the run, or joined)
+    """The run as an Atropos trainer (grpo_core/outside/atropos/): atroposlib's API server (started by the run, or joined)
     and the environments' processes sample through the policy endpoint and send scored groups; every group the run
     trains on is pulled from the API's ``/batch``. Commands may use {api_url}, {api_port}, {endpoint_url} (the
     endpoint's base URL, ending in /v1), {model_name} (the run's name: the model clients send), {model_path},

@@ -12,7 +12,7 @@ import posixpath
 from typing import Any
 
 from grpo_core.data.readers import DataError, PromptSet, read_prompts
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 
 DATA_FILES = "data_files.json"
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")

@@ -3,7 +3,7 @@
 Why this task: the tiny policy cannot multiply 3-digit numbers (a 6-digit product is out of reach of a 0.6M model
 trained for a minute), but it can copy: write ``<calculator>347 * 829</calculator>``, read the tool's ``287663`` and
 answer ``\\boxed{287663}``. So the reward is reachable only through the tool, and what GRPO has to learn is *when* to
-call it, a decision the warm-up leaves mostly to answering directly (grpo_core/model/tiny_tools.py).
+call it, a decision the warm-up leaves mostly to answering directly (grpo_core/lifecycle/model/tiny_tools.py).
 
 Rows use the math data format: ``{"messages": {"role": "user", "content": "What is 347 * 829?"},
 "gt_answer": "287663"}``; the split is a pure function of the seed and no operand pair is in both splits.

@@ -93,7 +93,7 @@ class PythonTool(Tool):
 
     def __init__(self, wall_time_s: float = 5.0, cpu_time_s: float = 2.0, memory_mb: int = 512,
                  max_output_bytes: int = 64 * 1024):
-        from grpo_core.sandbox.limits import SandboxLimits
+        from grpo_core.infra.sandbox.limits import SandboxLimits
 
         self.limits = SandboxLimits(wall_time_s=wall_time_s, cpu_time_s=cpu_time_s, memory_mb=memory_mb,
                                     max_output_bytes=max_output_bytes)
@@ -105,7 +105,7 @@ class PythonTool(Tool):
         construction runs a self-check jail."""
         with self._lock:
             if self._sandbox is None:
-                from grpo_core.sandbox.runner import Sandbox
+                from grpo_core.infra.sandbox.runner import Sandbox
 
                 self._sandbox = Sandbox(self.limits)
             return self._sandbox

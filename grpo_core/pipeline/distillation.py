@@ -16,7 +16,7 @@ from grpo_core.algo.distill import distillation_advantages
 from grpo_core.data.schemas import (
     RESPONSE_MASK, TEACHER_LOGPROBS, TEACHER_TOP_IDS, TEACHER_TOP_LOGPROBS, TOKEN_ADVANTAGE)
 from grpo_core.rewards.scorer import prompt_messages
-from grpo_core.teacher import Teacher, TeacherInput
+from grpo_core.rewards.teacher import Teacher, TeacherInput
 
 
 def teacher_inputs(table: pa.Table, prompt_key: str) -> list[TeacherInput]:

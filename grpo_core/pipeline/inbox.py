@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from grpo_core.data.schemas import RESPONSE_MASK, ROLLOUT_SCHEMA
-from grpo_core.storage import RunStore
+from grpo_core.run.storage import RunStore
 
 INBOX = "inbox"
 REJECTED = "inbox/rejected"

@@ -79,10 +79,10 @@ def read_test_cases(row: dict[str, Any], key: str = "test_cases") -> tuple[list[
 
 
 def code_accuracy(completion: str, row: dict[str, Any], sandbox: Any) -> Verdict:
-    """1.0 when the last python block passes every test case in ``sandbox`` (a checked ``grpo_core.sandbox.Sandbox``);
+    """1.0 when the last python block passes every test case in ``sandbox`` (a checked ``grpo_core.infra.sandbox.Sandbox``);
     0.0 with the sandbox's reason otherwise. ``SandboxUnavailable`` propagates: code never runs outside a sandbox.
     """
-    from grpo_core.sandbox import check_tests  # the sandbox is only needed for code rewards
+    from grpo_core.infra.sandbox import check_tests  # the sandbox is only needed for code rewards
 
     inputs, outputs = read_test_cases(row)
     program = last_python_block(completion)

@@ -115,7 +115,7 @@ def build_plan(reward_type: str, rewards: list[str], weights: list[float] | None
     if sandbox is not None and not isinstance(sandbox, dict):
         raise ValueError(f"options['sandbox'] must be a mapping of SandboxLimits fields, got {type(sandbox).__name__}")
     if sandbox is not None:
-        from grpo_core.sandbox import SandboxLimits
+        from grpo_core.infra.sandbox import SandboxLimits
 
         try:
             SandboxLimits(**sandbox)

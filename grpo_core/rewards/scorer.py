@@ -254,7 +254,7 @@ def _cosine_outcome(accuracy: ComponentOutcome | None, length: int, params: shap
 def _original_error(error: FatalWorkerError) -> Exception:
     """Re-create the worker's fatal error in this process (SandboxUnavailable stays SandboxUnavailable)."""
     if error.error_type == "SandboxUnavailable":
-        from grpo_core.sandbox import SandboxUnavailable
+        from grpo_core.infra.sandbox import SandboxUnavailable
 
         return SandboxUnavailable(error.detail)
     return error

@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_core.child_process import die_with_parent
+from grpo_core.infra.child_process import die_with_parent
 
 ACCURACY = "accuracy"
 
@@ -72,7 +72,7 @@ class _RowScorer:
         if spec.reward_type == "think_answer_tags":
             return lambda completion, row: accuracy.tag_accuracy(completion, row, spec.answer_key)
         if spec.reward_type == "code":
-            from grpo_core.sandbox import Sandbox, SandboxLimits
+            from grpo_core.infra.sandbox import Sandbox, SandboxLimits
 
             # One checked sandbox per worker: SandboxUnavailable surfaces at start, not on the first row.
             sandbox = Sandbox(SandboxLimits(**(spec.sandbox_limits or {})), concurrent_runs=spec.concurrent_sandboxes)
@@ -149,7 +149,7 @@ def _fatal_error_types(reward_type: str) -> tuple[type[BaseException], ...]:
     """Errors that stop the whole scoring call instead of one row: no sandbox means no code can be judged."""
     if reward_type != "code":
         return ()
-    from grpo_core.sandbox import SandboxUnavailable
+    from grpo_core.infra.sandbox import SandboxUnavailable
 
     return (SandboxUnavailable,)
 

@@ -13,7 +13,7 @@ import os
 import tempfile
 import time
 
-from grpo_core.model.adapter_files import ADAPTER_FILES, is_adapter_dir
+from grpo_core.lifecycle.model.adapter_files import ADAPTER_FILES, is_adapter_dir
 from grpo_core.weights.transport import Ends, Published, Transport
 
 # weights/v-000042/: the published versions; READY is written last.
@@ -39,7 +39,7 @@ class FilesTransport(Transport):
     def publish(self, ends: Ends, keep_versions: list[int]) -> Published | None:
         """Rank 0 writes the current weights to ``weights/v-N/`` unless already there, and deletes the published
         versions no sampler still needs (the other ranks only join ZeRO-3's gather)."""
-        from grpo_core.checkpoint import CheckpointWriter
+        from grpo_core.run.checkpoint import CheckpointWriter
 
         if ends.joins_gather_only():
             return None

@@ -43,7 +43,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from grpo_core.netaddr import listening_socket
+from grpo_core.infra.netaddr import listening_socket
 from grpo_core.weights.gloo_group import (
     DEFAULT_TIMEOUT_S,
     GlooGroup,
@@ -154,7 +154,7 @@ class LayerwiseReloadMixin:
 
     ``start_weight_update`` -> ``initialize_layerwise_reload``; loads go through ``_load`` (drops a tied
     ``lm_head.weight``); ``finish_weight_update`` -> ``finalize_layerwise_reload``, then the packed CPU lm_head of a
-    tied model is rebuilt (``grpo_core.rollout.worker_ext.refresh_tied_lm_head``)."""
+    tied model is rebuilt (``grpo_core.engine.rollout.worker_ext.refresh_tied_lm_head``)."""
 
     model: torch.nn.Module
     model_config: Any
@@ -171,7 +171,7 @@ class LayerwiseReloadMixin:
     def _finalize(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        from grpo_core.rollout.worker_ext import refresh_tied_lm_head
+        from grpo_core.engine.rollout.worker_ext import refresh_tied_lm_head
 
         # Layers that received nothing warn "Failed to load weights" on every sync: the rotary embedding (no
         # weights) and, tied, the lm_head (its weight IS the embedding, rebuilt below). Expected, so quieted.

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from vllm.distributed.weight_transfer.packed_tensor import pack_tensors, unpack_tensor
 
-from grpo_core.netaddr import listening_socket, local_address_towards
+from grpo_core.infra.netaddr import listening_socket, local_address_towards
 
 if TYPE_CHECKING:
     from grpo_core.weights.gloo import GlooWeightTransferUpdateInfo

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from grpo_core.weights.transport import Ends, Published, Transport
 
 if TYPE_CHECKING:
-    from grpo_core.rollout.sampler import VLLMSampler
-    from grpo_core.train.learner import Learner
+    from grpo_core.engine.rollout.sampler import VLLMSampler
+    from grpo_core.engine.train.learner import Learner
 
 
 def push_in_process(learner: "Learner", sampler: "VLLMSampler") -> dict[str, float]:

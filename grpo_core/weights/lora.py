@@ -12,7 +12,7 @@ import os
 import tempfile
 import time
 
-from grpo_core.model.adapter_files import ADAPTER_CONFIG, ADAPTER_FILES, is_adapter_dir
+from grpo_core.lifecycle.model.adapter_files import ADAPTER_CONFIG, ADAPTER_FILES, is_adapter_dir
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_FILES", "ExportError", "export_merged", "is_adapter_dir", "policy_folder",
            "push_adapter_in_process"]
@@ -46,7 +46,7 @@ def policy_folder(store, checkpoint: str | None) -> str:
     named ``iter-N``."""
     import re
 
-    from grpo_core import checkpoint as ckpt
+    from grpo_core.run import checkpoint as ckpt
 
     if checkpoint is None:
         if not store.exists("final/MANIFEST.json"):

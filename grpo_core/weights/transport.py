@@ -40,9 +40,9 @@ class Ends:
     """One actor's ends of a transport: its learner rank and its sampler (either may be ``None``), the run store
     and the run's config."""
     cfg: Any  # GRPOConfig
-    store: Any  # grpo_core.storage.RunStore
-    learner: Any = None  # grpo_core.train.learner.Learner
-    sampler: Any = None  # grpo_core.rollout.sampler.VLLMSampler or grpo_core.rollout.server.ServerSampler
+    store: Any  # grpo_core.run.storage.RunStore
+    learner: Any = None  # grpo_core.engine.train.learner.Learner
+    sampler: Any = None  # grpo_core.engine.rollout.sampler.VLLMSampler or grpo_core.engine.rollout.server.ServerSampler
     rank: int | None = None
 
     def joins_gather_only(self) -> bool:
