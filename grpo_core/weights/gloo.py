@@ -40,14 +40,13 @@ from vllm.distributed.weight_transfer.base import (
     WeightSource,
     WeightTransferEngine,
     WeightTransferInitInfo,
-    WeightTransferUpdateInfo,
 )
 
 from grpo_core.infra.netaddr import listening_socket
 from grpo_core.weights.gloo_group import (
     DEFAULT_TIMEOUT_S,
     GlooGroup,
-    _dtype_name,
+    GlooWeightTransferUpdateInfo,
     bucket_plan,
     packed_gloo_broadcast_consumer,
     packed_gloo_broadcast_producer,
@@ -121,25 +120,6 @@ class GlooTrainerInitInfo(TrainerInitInfo):
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     num_buffers: int = DEFAULT_NUM_BUFFERS
     timeout_s: float = DEFAULT_TIMEOUT_S
-
-
-@dataclass
-class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
-    """Per-round metadata (same shape as vLLM's NCCL update info): every parameter that follows, in order."""
-
-    names: list[str]
-    dtype_names: list[str]
-    shapes: list[list[int]]
-
-    def __post_init__(self) -> None:
-        if not len(self.names) == len(self.dtype_names) == len(self.shapes):
-            raise ValueError(f"names/dtype_names/shapes differ in length: {len(self.names)}, "
-                             f"{len(self.dtype_names)}, {len(self.shapes)}")
-
-    @classmethod
-    def from_meta(cls, meta: list[ParamMeta]) -> "GlooWeightTransferUpdateInfo":
-        return cls(names=[m.name for m in meta], dtype_names=[_dtype_name(m.dtype) for m in meta],
-                   shapes=[list(m.shape) for m in meta])
 
 
 # ----------------------------------------------------------------------------------------------- worker side (vLLM)

@@ -22,15 +22,13 @@ import socket
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
+from vllm.distributed.weight_transfer.base import ParamMeta, WeightTransferUpdateInfo
 from vllm.distributed.weight_transfer.packed_tensor import pack_tensors, unpack_tensor
 
 from grpo_core.infra.netaddr import listening_socket, local_address_towards
-
-if TYPE_CHECKING:
-    from grpo_core.weights.gloo import GlooWeightTransferUpdateInfo
 
 DEFAULT_TIMEOUT_S = 600.0
 STORE_PREFIX = "grpo-weights-gloo/"
@@ -153,6 +151,25 @@ def packed_gloo_broadcast_producer(pairs: Iterator[tuple[str, torch.Tensor]], gr
         in_flight.popleft()[0].wait()
     stats["wait_seconds"] += clock() - t0
     return stats
+
+
+@dataclass
+class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
+    """Per-round metadata (same shape as vLLM's NCCL update info): every parameter that follows, in order."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+
+    def __post_init__(self) -> None:
+        if not len(self.names) == len(self.dtype_names) == len(self.shapes):
+            raise ValueError(f"names/dtype_names/shapes differ in length: {len(self.names)}, "
+                             f"{len(self.dtype_names)}, {len(self.shapes)}")
+
+    @classmethod
+    def from_meta(cls, meta: list[ParamMeta]) -> "GlooWeightTransferUpdateInfo":
+        return cls(names=[m.name for m in meta], dtype_names=[_dtype_name(m.dtype) for m in meta],
+                   shapes=[list(m.shape) for m in meta])
 
 
 def packed_gloo_broadcast_consumer(info: GlooWeightTransferUpdateInfo, group: GlooGroup, load, *,

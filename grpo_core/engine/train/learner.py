@@ -345,25 +345,9 @@ class Learner:
                     computed_tokens += (mb.packed_tokens() if packs else 0) or mb.input_ids.numel()
                     if by_tokens:  # as many micro-batches as this mini-batch has, not the configured count
                         self.engine.set_gradient_accumulation_boundary(k == len(plans[m]) - 1)
-                    mask = mb.loss_mask.to(self.device)
-                    top = self.spec.teacher_top_k_weight > 0 and mb.teacher_top_ids is not None
-                    logp, entropy, *student_top = self._forward_logprobs(
-                        self.engine, mb, entropy="loss" if self.algo.entropy_coeff > 0 else "metric", pack=True,
-                        teacher_top=top)
-                    width = logp.shape[1]
-                    mb_old = logp.detach() if old_logp is None else \
-                        old_logp[mini_idx][idx][:, :width].to(self.device)
-                    a = self.algo
-                    # the sampler/learner agreement on every token is measured without a correction too
-                    sampler_logp = mb.sampler_logprobs[:, :width].to(self.device) \
-                        if (a.offpolicy or "none") != "none" or mb.has_sampler_logprobs else None
-                    adv = mb.advantages if mb.advantages.dim() == 1 else mb.advantages[:, :width]  # [B] / per token
-                    loss, metrics = self.objective(ObjectiveInputs(
-                        logp, mb_old, adv.to(self.device), mask, entropy=entropy, denominator=denom,
-                        norm_length=norm_length, sampler_logprobs=sampler_logp,
-                        ref_logprobs=None if ref_logp is None else ref_logp[mini_idx][idx][:, :width].to(self.device),
-                        student_top_logprobs=student_top[0] if top else None,
-                        teacher_top_logprobs=mb.teacher_top_logprobs[:, :width].to(self.device) if top else None))
+                    old = None if old_logp is None else old_logp[mini_idx][idx]
+                    ref = None if ref_logp is None else ref_logp[mini_idx][idx]
+                    loss, metrics = self._micro_batch_loss(mb, old, ref, denom, norm_length)
                     gathered.add(metrics)
                     self.engine.backward(loss * world_size if world_size > 1 else loss, scale_wrt_gas=False)
                     # DeepSpeed records the pre-clip norm under ZeRO 1-3 only; without ZeRO it clips, unrecorded.
@@ -388,6 +372,27 @@ class Learner:
         out["tokens"] = float(batch.loss_mask.sum())  # this rank's
         out["seconds"] = time.perf_counter() - started
         return out
+
+    def _micro_batch_loss(self, mb: TokenBatch, old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
+                          denominator: float, norm_length: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch's forward pass and the objective on it. ``old_logp`` / ``ref_logp``: its rows of the
+        batch's old and reference logprobs (None: on-policy, the current logprobs detached; no reference)."""
+        mask = mb.loss_mask.to(self.device)
+        top = self.spec.teacher_top_k_weight > 0 and mb.teacher_top_ids is not None
+        logp, entropy, *student_top = self._forward_logprobs(
+            self.engine, mb, entropy="loss" if self.algo.entropy_coeff > 0 else "metric", pack=True, teacher_top=top)
+        width = logp.shape[1]
+        mb_old = logp.detach() if old_logp is None else old_logp[:, :width].to(self.device)
+        # the sampler/learner agreement on every token is measured without a correction too
+        sampler_logp = mb.sampler_logprobs[:, :width].to(self.device) \
+            if (self.algo.offpolicy or "none") != "none" or mb.has_sampler_logprobs else None
+        adv = mb.advantages if mb.advantages.dim() == 1 else mb.advantages[:, :width]  # [B] / per token
+        return self.objective(ObjectiveInputs(
+            logp, mb_old, adv.to(self.device), mask, entropy=entropy, denominator=denominator,
+            norm_length=norm_length, sampler_logprobs=sampler_logp,
+            ref_logprobs=None if ref_logp is None else ref_logp[:, :width].to(self.device),
+            student_top_logprobs=student_top[0] if top else None,
+            teacher_top_logprobs=mb.teacher_top_logprobs[:, :width].to(self.device) if top else None))
 
     # ---------------------------------------------------------------------------------------------- weights
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:

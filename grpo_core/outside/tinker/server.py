@@ -189,32 +189,14 @@ class TinkerApp:
         def refused(exc: TinkerRequestError) -> JSONResponse:
             return JSONResponse(exc.body(), status_code=exc.status)
 
-        async def body_bytes(request: Request) -> bytes:
-            declared = request.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-                raise TinkerRequestError(f"the body is {declared} bytes; at most {MAX_BODY_BYTES}", status=413)
-            chunks, size = [], 0
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > MAX_BODY_BYTES:
-                    raise TinkerRequestError(f"the body passed {MAX_BODY_BYTES} bytes", status=413)
-                chunks.append(chunk)
-            return b"".join(chunks)
-
-        def read_json(raw: bytes) -> Any:
-            try:
-                return door.read_json(raw) if raw else {}
-            except door.RequestError as exc:
-                raise TinkerRequestError(str(exc), field=exc.param) from None
-
         def route(handler: Callable[..., dict], raw: bool = False):
             async def serve(request: Request):
                 try:
                     self.check_key(request.headers)
-                    body = await body_bytes(request)
+                    body = await _body_bytes(request)
                     params = dict(request.path_params)
                     out = await anyio.to_thread.run_sync(
-                        lambda: handler(body if raw else read_json(body), **params))
+                        lambda: handler(body if raw else _read_json(body), **params))
                 except TinkerRequestError as exc:
                     return refused(exc)
                 return JSONResponse(out)
@@ -222,7 +204,7 @@ class TinkerApp:
             return serve
 
         async def retrieve(request: Request):
-            return await self._retrieve(request, body_bytes, read_json, refused)
+            return await self._retrieve(request, _body_bytes, _read_json, refused)
         retrieve.__annotations__ = {"request": Request}
 
         async def healthz() -> dict:
@@ -312,3 +294,25 @@ class TinkerServer:
     def stop(self) -> None:
         self._served.stop()
         self.app.service.close()
+
+
+async def _body_bytes(request: Any) -> bytes:
+    """A request's body, refused (413) past ``MAX_BODY_BYTES`` whether or not it declares its length."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise TinkerRequestError(f"the body is {declared} bytes; at most {MAX_BODY_BYTES}", status=413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise TinkerRequestError(f"the body passed {MAX_BODY_BYTES} bytes", status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _read_json(raw: bytes) -> Any:
+    """A JSON body through the endpoint's door (depth, size, surrogates), its refusal as the service's."""
+    try:
+        return door.read_json(raw) if raw else {}
+    except door.RequestError as exc:
+        raise TinkerRequestError(str(exc), field=exc.param) from None
