@@ -61,8 +61,9 @@ def group_filter(rewards: Tensor, filter_range: tuple[float, float] = (0.0, 1.0)
 class DynamicBatch:
     """Collects kept groups across sampling rounds until `target_groups` are kept or the rounds run out.
 
-    The flow's loop:  while not (batch.full or batch.exhausted): sample n prompts; batch.add(acc [n, G], ids)
-    then `batch.take()`. Round 1 is the normal sample; `max_resample_times` more rounds are allowed, so at most
+    The batch source's loop (tasks/batch_sources.py): while not (batch.full or batch.exhausted): sample n prompts;
+    batch.add(acc [n, G], ids); then `batch.take()` is the kept groups the batch is assembled from (the one place
+    that decides them). Round 1 is the normal sample; `max_resample_times` more rounds are allowed, so at most
     1 + max_resample_times rounds. Pure bookkeeping: no tensors are kept beyond what `add` filters.
     """
 
