@@ -77,23 +77,28 @@ class Engines:
         started = time.perf_counter()
         samplers, learners, self._groups = create_engine_actors(self.cfg)
         self._actors = _unique(samplers + learners)
-        fleets: list[SamplerFleet] = []  # the fleet once made: its placement groups go if the start fails after it
+        fleet = None
         try:
-            self.info = self._build(samplers, learners, started, fleets)
+            infos = self._setup(samplers, learners)
+            dtypes = {i.dtype for i in infos}
+            fleet = make_fleet(self.cfg, samplers, self.names, self.placed, self._groups)
+            weights = WeightSync(self.cfg, self.learners, fleet, dtypes)
+            weights.form_group()
         except BaseException:
             # Actors that never became the run's engines are stopped here and the error raised is their setup's
             # (close() would otherwise meet a half-made fleet and weight sync, and fail on those instead).
-            for a in self._actors:
-                kill(a)
-            remove_groups(self._groups + [g for fleet in fleets for g in fleet.placement_groups()])
-            self._actors, self._groups = [], []
-            self.names.clear()
+            self._teardown(fleet)
             raise
+        self.samplers, self.weights = fleet, weights
+        self.info = EnginesInfo(dtypes=tuple(sorted(dtypes)), actors=self.placed,
+                                sampler_load_s=max(i.sampler_load_s for i in infos),
+                                learner_init_s=max(i.learner_init_s for i in infos),
+                                setup_s=time.perf_counter() - started)
         return self.info
 
-    def _build(self, samplers: list, learners: list, started: float, fleets: list[SamplerFleet]) -> EnginesInfo:
-        """The engines in the placed actors: the learner group's rendezvous, every actor's setup, the sampler fleet
-        and the weight sync's transfer group."""
+    def _setup(self, samplers: list, learners: list) -> list:
+        """Every placed actor's engines built (the learner group's rendezvous first), and where each runs recorded;
+        returns the actors' setup infos."""
         for a in self._actors:
             self.names.set(a, _role(a, samplers, learners))
         self.learners = LearnerGroup(self.cfg, learners, self.names)
@@ -105,20 +110,12 @@ class Engines:
             role = _role(a, samplers, learners)
             self.names.set(a, f"{role} (pid {info.pid} on {info.host}, node {node[1]})")
             self.placed.append(placed_actor(role, info.pid, info.host, node))
-        dtypes = {i.dtype for i in infos}
-        fleets.append(make_fleet(self.cfg, samplers, self.names, self.placed, self._groups))
-        weights = WeightSync(self.cfg, self.learners, fleets[0], dtypes)
-        weights.form_group()
-        self.samplers, self.weights = fleets[0], weights
-        return EnginesInfo(dtypes=tuple(sorted(dtypes)), actors=self.placed,
-                                sampler_load_s=max(i.sampler_load_s for i in infos),
-                                learner_init_s=max(i.learner_init_s for i in infos),
-                                setup_s=time.perf_counter() - started)
+        return infos
 
     def recreate(self) -> EnginesInfo:
         """Replace every actor by a fresh one holding the initial weights (a learner rank cannot rejoin)."""
         started = time.perf_counter()
-        self._teardown()
+        self._teardown(self.samplers)
         info = self._create()
         self.info = replace(info, recreate_s=time.perf_counter() - started)
         return self.info
@@ -139,19 +136,21 @@ class Engines:
         self.weights.admit(new)
         return scaled
 
-    def _teardown(self) -> None:
+    def _teardown(self, fleet: SamplerFleet | None) -> None:
+        """Stop the actors and remove their placement groups, ``fleet``'s too (the samplers it placed; None: no
+        fleet was made)."""
         for a in self._actors:
             kill(a)
         if self._actors:
-            self._replaced_before += self.samplers.replaced
-            remove_groups(self._groups + self.samplers.placement_groups())
+            self._replaced_before += fleet.replaced if fleet is not None else 0
+            remove_groups(self._groups + (fleet.placement_groups() if fleet is not None else []))
         self._actors, self._groups = [], []
         self.names.clear()
 
     def close(self) -> None:
         if self._actors:
             self.weights.release_servers()
-            self._teardown()
+            self._teardown(self.samplers)
         if self._owns_ray:  # a Ray the caller connected to before the run stays up
             stop_ray()
 

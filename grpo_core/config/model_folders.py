@@ -39,10 +39,7 @@ def _check_context(cfg: GRPOConfig, context: int | None) -> None:
     model has (vLLM refuses a longer context only inside the engine's start, after Ray and the actors are up)."""
     if not context:
         return
-    p, n = cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
-    needs = [(p + n, f"data.max_prompt_tokens + rollout.max_new_tokens = {p} + {n} = {p + n}"),
-             cfg.kind.longest_row(cfg)]
-    for tokens, what in needs:
+    for tokens, what in dict.fromkeys((cfg.kind.sampler_context(cfg), cfg.kind.longest_row(cfg))):
         if tokens > context:
             raise ConfigError(f"{what} tokens per sequence, but model.path={cfg.model.path!r} has "
                               f"max_position_embeddings={context} (its config.json): lower them to fit")

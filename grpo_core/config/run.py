@@ -113,6 +113,11 @@ class GRPOConfig(_Section):
         return self.kind.batch_size(self)
 
     @property
+    def policy_context(self) -> int:
+        """Tokens one sequence of the samplers holds: a prompt and its answer (vLLM's max_model_len)."""
+        return self.data.max_prompt_tokens + self.rollout.max_new_tokens
+
+    @property
     def sampling_rounds(self) -> int:
         """The most rounds of prompts an iteration samples: 1, or 1 + algo.max_resample_times with dynamic
         sampling."""

@@ -50,10 +50,15 @@ class RunKind:
         return (f"rollout.prompts_per_iteration x rollout.samples_per_prompt = {r.prompts_per_iteration} x "
                 f"{r.samples_per_prompt} = {self.batch_size(cfg)}")
 
-    def longest_row(self, cfg: "GRPOConfig") -> tuple[int, str]:
-        """The most tokens one trained row can hold, and the fields that say so."""
+    def sampler_context(self, cfg: "GRPOConfig") -> tuple[int, str]:
+        """The tokens one sequence of the samplers holds (``GRPOConfig.policy_context``), and the fields that say
+        so: the same for every kind (an SFT run's samplers evaluate)."""
         p, n = cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
-        return p + n, f"data.max_prompt_tokens + rollout.max_new_tokens = {p} + {n} = {p + n}"
+        return cfg.policy_context, f"data.max_prompt_tokens + rollout.max_new_tokens = {p} + {n} = {cfg.policy_context}"
+
+    def longest_row(self, cfg: "GRPOConfig") -> tuple[int, str]:
+        """The most tokens one trained row can hold, and the fields that say so: a sampled sequence."""
+        return self.sampler_context(cfg)
 
     def row_limit(self, cfg: "GRPOConfig") -> int:
         """The most tokens a row of the train data may encode to (checked for every row before the run starts)."""

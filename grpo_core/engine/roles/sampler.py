@@ -56,8 +56,7 @@ class SamplerRole:
 
             self.sampler = ServerSampler(cfg.cluster.servers[self.sampler_id], tag=cfg.run_name,
                                          timeout_s=cfg.cluster.server_timeout_s, retries=cfg.cluster.server_retries)
-            self.sampler.check_length(cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
-                                      "data.max_prompt_tokens + rollout.max_new_tokens")
+            self.sampler.check_length(cfg.policy_context, "data.max_prompt_tokens + rollout.max_new_tokens")
             if cfg.model.lora is not None:  # adapters go on model.path's weights, whatever the server held before
                 self.sampler.restore_base(os.path.abspath(cfg.model.path))
             return
@@ -66,7 +65,7 @@ class SamplerRole:
             register_backends()  # our gloo engine, before vLLM builds its workers
         self.sampler = VLLMSampler(SamplerSpec(
             model_path=cfg.model.path, dtype=self.dtype, seed=cfg.seed, kv_cache_mb=cfg.rollout.kv_cache_mb,
-            max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
+            max_model_len=cfg.policy_context,
             enforce_eager=cfg.rollout.enforce_eager, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             tensor_parallel_size=cfg.rollout.tensor_parallel_size,
             weight_transfer_backend=backend,

@@ -234,13 +234,12 @@ class PolicyEndpoint:
                 fate = self.sink.add(done)
             else:
                 self.finished.append(done)
-        except OSError as exc:  # the run folder did not take the group: nothing of it is lost, the finish retryable
+        except BaseException as exc:  # the group was not written: nothing of it is lost, the episode open again
             self.recorder.settle(episode_id, kept=False)
-            raise RequestError(f"episode {episode_id!r} completed its group, which could not be written to the run "
-                               f"folder ({exc}); the episode is open again: finish it again",
-                               code="storage_unavailable", status=503) from exc
-        except BaseException:
-            self.recorder.settle(episode_id, kept=False)
+            if isinstance(exc, OSError):  # the run folder did not take it: the same finish can be sent again
+                raise RequestError(f"episode {episode_id!r} completed its group, which could not be written to the "
+                                   f"run folder ({exc}); the episode is open again: finish it again",
+                                   code="storage_unavailable", status=503) from exc
             raise
         self.recorder.settle(episode_id, kept=True)
         ep = done.episode
