@@ -552,3 +552,20 @@ def test_the_learner_adds_the_forward_kl_to_a_teachers_top_k(tiny_model):
     metrics = learner.train_step(batch)
     assert metrics["loss"] == pytest.approx(2.0 * float(kl), rel=1e-4) and metrics["loss"] > 0
     assert metrics["top_k_kl"] == pytest.approx(float(per_token), rel=1e-4)  # the metric: per sampled token
+
+
+def test_deepspeed_is_kept_from_building_its_inference_all_reduce_kernel():
+    """On a CPU machine DeepSpeed's backend compiles a shared-memory kernel (35-66 s of g++) that only inference uses;
+    the learner marks it incompatible first, so DeepSpeed's own build step gives nothing back to build."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.comm.torch import build_shm_op
+
+    from grpo_core.engine.train.distributed import skip_inference_all_reduce_kernel
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None:
+        pytest.skip("this accelerator has no shared-memory kernel to build (a GPU's)")
+    skip_inference_all_reduce_kernel()
+    assert deepspeed.ops.__compatible_ops__[builder.NAME] is False
+    assert build_shm_op() is None

@@ -135,7 +135,7 @@ def trained(tiny_model, tmp_path_factory):
     with LoRA, syncing the adapter in-process after each; KL to the reference (the base) is on."""
     from grpo_core.engine.worker import EngineWorker
     from grpo_core.run.storage import RunStore
-    from grpo_core.engine.train.learner import ensure_process_group
+    from grpo_core.engine.train.distributed import ensure_process_group
 
     root = tmp_path_factory.mktemp("lora")
     cfg = build_config(tiny_config(tiny_model, str(root), model__lora=dict(LORA), rollout__prompts_per_iteration=4,

@@ -28,6 +28,7 @@ from grpo_core.config import AlgoConfig, LoraConfig, TrainConfig, zero_stage_for
 from grpo_core.engine.train.batch import (TokenBatch, equal_counts, pack_row, plan_micro_batches, plan_packed_micro_batches,
                                    token_logprobs, token_logprobs_and_entropy)
 from grpo_core.engine.train import segment_attention
+from grpo_core.engine.train.distributed import ensure_process_group, skip_inference_all_reduce_kernel
 from grpo_core.engine.train.output_head import chunk_tokens_for, output_logprobs
 
 # DeepSpeed's checkpoint tag: its files live under <checkpoint>/learner/.
@@ -61,20 +62,6 @@ def _lr_lambda(train: TrainConfig, total_steps: int):
             return 1.0 - progress
         return 0.5 * (1.0 + math.cos(math.pi * progress))
     return factor
-
-
-def ensure_process_group() -> None:
-    """DeepSpeed needs torch.distributed. In-process vLLM may already have created a world-of-one group (reuse it);
-    otherwise make one through a file rendezvous, which opens no network socket."""
-    import torch.distributed as dist
-
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(key, value)
-    if dist.is_initialized():
-        return
-    rendezvous = os.path.join(tempfile.mkdtemp(prefix="grpo-dist-"), "init")
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=0, world_size=1)
 
 
 def _states_at(hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -114,6 +101,7 @@ class Learner:
                                       betas=train.betas, weight_decay=train.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(train, spec.total_steps))
         ensure_process_group()
+        skip_inference_all_reduce_kernel()
         self.zero_stage = zero_stage_for(train, torch.distributed.get_world_size(), spec.dtype)
         ds_config = {
             "train_micro_batch_size_per_gpu": micro_batch_size,
