@@ -314,7 +314,7 @@ def _iterate_with_recovery(ctx: RunContext, stages: Stages, source: BatchSource,
     latest checkpoint, at most ``cluster.max_actor_restarts`` times. Returns the last evaluation."""
     cfg, store = ctx.cfg, ctx.store
     while True:
-        sinks = MetricSinks(cfg, store, start)  # (re)opened where the iterations (re)start
+        sinks = MetricSinks.of_run(cfg, store, start)  # (re)opened where the iterations (re)start
         try:
             return _run_iterations(ctx, stages, source, start, console, terminal, sinks)
         except EngineLost as lost:

@@ -30,12 +30,12 @@ def test_scalars_keep_numbers_only():
 def test_a_resume_replaces_the_iterations_it_redoes(tmp_path):
     cfg = load_config(None)
     store = RunStore(str(tmp_path), "run")
-    sinks = MetricSinks(cfg, store, start_step=0)
+    sinks = MetricSinks.of_run(cfg, store, start_step=0)
     for it in range(5):
         sinks.log({"iteration": it, "loss": float(it)})
     sinks.close()
     assert _read(tmp_path / "run" / "tensorboard") == {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}
-    resumed = MetricSinks(cfg, store, start_step=3)  # the checkpoint was after iteration 2
+    resumed = MetricSinks.of_run(cfg, store, start_step=3)  # the checkpoint was after iteration 2
     for it in range(3, 6):
         resumed.log({"iteration": it, "loss": 10.0 + it})
     resumed.close()
@@ -47,7 +47,7 @@ def test_a_backend_that_is_not_installed_is_named(tmp_path, backend, monkeypatch
     monkeypatch.setitem(sys.modules, backend, None)  # not importable, whether or not it is installed here
     cfg = load_config(None, [f"logging.backends=[{backend}]"])
     with pytest.raises(MetricSinkError, match=f"logging.backends includes {backend}.*pip install {backend}"):
-        MetricSinks(cfg, RunStore(str(tmp_path), "run"), start_step=0)
+        MetricSinks.of_run(cfg, RunStore(str(tmp_path), "run"), start_step=0)
 
 
 def _wandb_history(run_folder) -> dict[str, list[tuple[int, dict]]]:
@@ -90,11 +90,11 @@ def test_wandb_offline_holds_the_rows_under_their_metrics_parquet_names_and_a_re
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = load_config(None, ["logging.backends=[wandb]", "run_name=run"])
     store = RunStore(str(tmp_path), "run")
-    sinks = MetricSinks(cfg, store, start_step=0)
+    sinks = MetricSinks.of_run(cfg, store, start_step=0)
     for it in range(3):
         sinks.log({"iteration": it, "loss": 0.5 + it, "eval_accuracy": None, "rollout_started_at": 1e9})
     sinks.close()
-    resumed = MetricSinks(cfg, store, start_step=2)
+    resumed = MetricSinks.of_run(cfg, store, start_step=2)
     resumed.log({"iteration": 2, "loss": 9.0, "eval_accuracy": 0.75})
     resumed.close()
     runs = _wandb_history(tmp_path / "run")
@@ -110,7 +110,7 @@ def test_mlflow_holds_the_rows_in_the_run_folder_and_a_resume_continues_the_same
     cfg = load_config(None, ["logging.backends=[mlflow]", "run_name=run"])
     store = RunStore(str(tmp_path), "run")
     for start, rows in ((0, [(0, 0.5), (1, 1.5)]), (1, [(1, 9.0)])):
-        sinks = MetricSinks(cfg, store, start_step=start)
+        sinks = MetricSinks.of_run(cfg, store, start_step=start)
         for it, loss in rows:
             sinks.log({"iteration": it, "loss": loss})
         sinks.close()

@@ -170,6 +170,78 @@ def test_custom_loss_and_a_second_client_are_kept_apart(client, server):
     assert _values(after_a[0]["logprobs"]) != pytest.approx(expected, abs=1e-3)
 
 
+@pytest.mark.filterwarnings("ignore:DEPRECATED. TrainingClient.load_state:FutureWarning")  # still served: the route
+def test_each_step_is_a_row_of_the_clients_run_in_tensorboard_and_a_loaded_state_goes_on_from_its_step(client,
+                                                                                                         server):
+    """One row per optim_step at the client's step count, with what the forward_backward calls since the previous
+    step added up to (a forward adds nothing); after load_state_with_optimizer of step 1, the next step is step 2
+    again and its row replaces the earlier step 2's."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    datums, _ = _datums(server["model"])
+    trainer = client.create_lora_training_client(base_model=server["model"], rank=8, seed=3).result()
+    adam = types.AdamParams(learning_rate=LR)
+    first = [trainer.forward_backward(datums, "cross_entropy").result() for _ in range(2)]
+    trainer.forward(datums, "cross_entropy").result()
+    trainer.optim_step(adam).result()
+    path = trainer.save_state("one").result().path
+    trainer.forward_backward(datums, "cross_entropy").result()
+    trainer.optim_step(types.AdamParams(learning_rate=LR * 10)).result()  # the timeline the load goes back on
+    trainer.load_state_with_optimizer(path).result()
+    again = trainer.forward_backward(datums, "cross_entropy").result()
+    step = trainer.optim_step(adam).result()
+
+    model_id = path[len("tinker://"):].split("/")[0]
+    events = EventAccumulator(str(server["root"] / model_id.replace(":", ".") / "tensorboard"))
+    events.Reload()
+
+    def curve(tag: str) -> dict[int, float]:
+        return {e.step: e.value for e in events.Scalars(tag)}
+
+    assert curve("loss_sum") == {1: pytest.approx(sum(r.metrics["loss:sum"] for r in first), rel=1e-6),
+                                 2: pytest.approx(again.metrics["loss:sum"], rel=1e-6)}
+    assert curve("forward_backward_calls") == {1: 2.0, 2: 1.0}
+    assert curve("datums") == {1: 2.0 * len(datums), 2: 1.0 * len(datums)}
+    assert curve("tokens")[2] == sum(len(d.loss_fn_inputs["target_tokens"].tolist()) for d in datums)
+    assert curve("learning_rate") == {1: pytest.approx(LR), 2: pytest.approx(LR)}  # step 2 at 10x is gone
+    assert curve("grad_norm")[2] == pytest.approx(step.metrics["grad_norm"], rel=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:DEPRECATED. TrainingClient.load_state:FutureWarning")
+def test_checkpoints_are_listed_described_and_deleted_through_the_sdks_rest_client(client, server):
+    """The RestClient's routes: a client's training and sampler checkpoints listed oldest first with their paths and
+    sizes, its run described, a checkpoint deleted (gone from the list, and a load_state of it refused); deleting one
+    a sampling session reads, or one that does not exist, refused naming the field."""
+    datums, _ = _datums(server["model"])
+    trainer = client.create_lora_training_client(base_model=server["model"], rank=8, seed=4).result()
+    trainer.forward_backward(datums, "cross_entropy").result()
+    trainer.optim_step(types.AdamParams(learning_rate=LR)).result()
+    state = trainer.save_state("a").result().path
+    sampled = trainer.save_weights_for_sampler("s").result().path
+    model_id = state[len("tinker://"):].split("/")[0]
+    rest = tinker.RestClient(base_url=server["url"])
+
+    listed = rest.list_checkpoints(model_id).result().checkpoints
+    assert [(c.checkpoint_id, c.checkpoint_type, c.tinker_path) for c in listed] == [
+        ("weights/a", "training", state), ("sampler_weights/s", "sampler", sampled)]
+    assert all(c.size_bytes > 0 for c in listed)
+    run = rest.get_training_run(model_id).result()
+    assert (run.training_run_id, run.is_lora, run.lora_rank) == (model_id, True, 8)
+    assert (run.last_checkpoint.tinker_path, run.last_sampler_checkpoint.tinker_path) == (state, sampled)
+
+    client.create_sampling_client(model_path=sampled).result()  # a sampling session now reads it
+    with pytest.raises(tinker.BadRequestError, match="read by sampling session"):
+        rest.delete_checkpoint_from_tinker_path(sampled).result()
+    rest.delete_checkpoint_from_tinker_path(state).result()
+    assert [c.checkpoint_id for c in rest.list_checkpoints(model_id).result().checkpoints] == ["sampler_weights/s"]
+    with pytest.raises(tinker.NotFoundError, match="no such checkpoint"):
+        trainer.load_state(state).result()
+    with pytest.raises(tinker.NotFoundError, match="checkpoint_id|no checkpoint"):
+        rest.delete_checkpoint(model_id, "weights/a").result()
+    with pytest.raises(tinker.NotFoundError, match="training_run_id|no training run"):
+        rest.list_checkpoints("s-none:train:0").result()
+
+
 @pytest.mark.parametrize("rank", [8, 0], ids=["lora", "full"])
 def test_sampling_reads_the_saved_weights_and_returns_their_logprobs(client, server, rank):
     datums, sequences = _datums(server["model"], weighted=False)

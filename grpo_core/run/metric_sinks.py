@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from grpo_core.config import GRPOConfig
@@ -22,6 +23,21 @@ from grpo_core.run.storage import RunStore
 TENSORBOARD = "tensorboard"
 MLFLOW_DB = "mlflow.db"
 _IDS = "tracking_ids.json"  # the W&B / MLflow run ids of this run, so that a resume continues them
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    """What the sinks need of whoever logs: a run's config (``of_run``), or a service's settings (the Tinker
+    service logs each training client as a run of its own)."""
+
+    backends: tuple[str, ...]
+    project: str
+    run_name: str
+    recorded: dict[str, Any] = field(default_factory=dict)  # shown as the run's config in W&B
+
+    @classmethod
+    def of_run(cls, cfg: GRPOConfig) -> "SinkSettings":
+        return cls(tuple(cfg.logging.backends), cfg.logging.project, cfg.run_name, cfg.recorded())
 
 
 class MetricSinkError(RuntimeError):
@@ -81,13 +97,13 @@ def _import(name: str):
 
 
 class WandbSink:
-    def __init__(self, cfg: GRPOConfig, store: RunStore, ids: dict[str, str]):
+    def __init__(self, cfg: SinkSettings, store: RunStore, ids: dict[str, str]):
         wandb = _import("wandb")
         os.environ.setdefault("WANDB_MODE", "offline")
         run_id = ids.setdefault("wandb", f"{cfg.run_name}-{os.urandom(4).hex()}")
         folder = store.uri if store.is_local else tempfile.mkdtemp(prefix="grpo-wandb-")
-        self.run = wandb.init(project=cfg.logging.project, name=cfg.run_name, id=run_id, resume="allow",
-                              dir=folder, config=cfg.recorded())
+        self.run = wandb.init(project=cfg.project, name=cfg.run_name, id=run_id, resume="allow", dir=folder,
+                              config=cfg.recorded)
 
     def log(self, row: dict[str, Any], step: int) -> None:
         self.run.log(scalars(row), step=step)
@@ -97,7 +113,7 @@ class WandbSink:
 
 
 class MLflowSink:
-    def __init__(self, cfg: GRPOConfig, store: RunStore, ids: dict[str, str]):
+    def __init__(self, cfg: SinkSettings, store: RunStore, ids: dict[str, str]):
         mlflow = _import("mlflow")
         if not os.environ.get("MLFLOW_TRACKING_URI"):
             local = store.local_path(MLFLOW_DB)
@@ -106,7 +122,7 @@ class MLflowSink:
                                       "MLFLOW_TRACKING_URI to your tracking server")
             os.makedirs(os.path.dirname(local), exist_ok=True)
             mlflow.set_tracking_uri(f"sqlite:///{local}")  # MLflow 3 retired its plain-folder store
-        mlflow.set_experiment(cfg.logging.project)
+        mlflow.set_experiment(cfg.project)
         self.mlflow = mlflow
         self.run = mlflow.start_run(run_id=ids.get("mlflow"), run_name=None if "mlflow" in ids else cfg.run_name)
         ids["mlflow"] = self.run.info.run_id
@@ -119,13 +135,13 @@ class MLflowSink:
 
 
 class MetricSinks:
-    """The run's configured sinks, opened once per flow run at ``start_step`` (the iteration it starts at)."""
+    """The configured sinks, opened once per flow run at ``start_step`` (the iteration it starts at)."""
 
-    def __init__(self, cfg: GRPOConfig, store: RunStore, start_step: int):
+    def __init__(self, cfg: SinkSettings, store: RunStore, start_step: int):
         self.store = store
         ids = dict(store.get_json_file(_IDS) or {})
         self.sinks: list[MetricSink] = []
-        for name in cfg.logging.backends:
+        for name in cfg.backends:
             if name == "tensorboard":
                 self.sinks.append(TensorBoardSink(store, start_step))
             elif name == "wandb":
@@ -134,6 +150,10 @@ class MetricSinks:
                 self.sinks.append(MLflowSink(cfg, store, ids))
         if ids:
             store.put_json_file(_IDS, ids)
+
+    @classmethod
+    def of_run(cls, cfg: GRPOConfig, store: RunStore, start_step: int) -> "MetricSinks":
+        return cls(SinkSettings.of_run(cfg), store, start_step)
 
     def log(self, row: dict[str, Any]) -> None:
         for sink in self.sinks:

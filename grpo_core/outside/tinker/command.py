@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 SERVICE_FILE = "service.json"
+SINKS = ("tensorboard", "wandb", "mlflow")  # the choices of a run's logging.backends (grpo_core.run.metric_sinks)
 
 
 def add_tinker_commands(sub: Any) -> None:
@@ -36,7 +37,21 @@ def add_tinker_commands(sub: Any) -> None:
     s.add_argument("--sample-adapters", choices=["merged", "lora"], default="merged",
                    help="how samplers serve a LoRA client's snapshots: merged into the base weights (default: on CPU "
                         "vLLM's LoRA kernels cost about 1 s per request) or as vLLM LoRA adapters")
+    s.add_argument("--metrics", default="tensorboard",
+                   help="where each training client's steps are logged, one run per client: a comma-separated list of "
+                        f"{', '.join(SINKS)}, or none (default: tensorboard, in <root>/<model>/tensorboard/)")
+    s.add_argument("--project", default="grpo-tinker", help="the W&B project / MLflow experiment of --metrics")
     s.set_defaults(func=_cmd_serve)
+
+
+def _metric_sinks(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if names == ("none",):
+        return ()
+    unknown = [n for n in names if n not in SINKS]
+    if unknown or not names:
+        raise ValueError(f"--metrics {text!r}: choose from {', '.join(SINKS)}, comma-separated, or none")
+    return names
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -51,10 +66,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if not Path(args.model, "config.json").is_file():
         print(f"error: --model {args.model}: not an HF model folder (no config.json)", file=sys.stderr)
         return 2
+    try:
+        sinks = _metric_sinks(args.metrics)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     root = Path(args.root)
     service = TinkerService(ServiceSettings(base_model=args.model, root=root, max_lora_rank=args.max_lora_rank,
                                             max_model_len=args.max_model_len, kv_cache_mb=args.kv_cache_mb,
-                                            sample_adapters=args.sample_adapters))
+                                            sample_adapters=args.sample_adapters, metric_sinks=sinks,
+                                            project=args.project))
     server = TinkerServer(TinkerApp(service, key), host=args.host, port=args.port).start()
     write_private(root / SERVICE_FILE, json.dumps({"url": server.url, "api_key": key, "base_model":
                                                    service.base_folder, "pid": os.getpid()}).encode())

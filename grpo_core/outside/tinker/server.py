@@ -225,6 +225,13 @@ class TinkerApp:
                           route(lambda body, sampler_id: self.service.sampler_info(sampler_id)), methods=["GET"])
         api.add_api_route("/api/v1/get_server_capabilities", route(lambda body: self.capabilities()),
                           methods=["GET"])
+        runs = "/api/v1/training_runs/{model_id}"
+        api.add_api_route(f"{runs}/checkpoints", route(lambda body, model_id: self.service.list_checkpoints(model_id)),
+                          methods=["GET"])
+        api.add_api_route(f"{runs}/checkpoints/{{checkpoint_id:path}}", route(
+            lambda body, model_id, checkpoint_id: self.service.delete_checkpoint(model_id, checkpoint_id)),
+            methods=["DELETE"])
+        api.add_api_route(runs, route(lambda body, model_id: self.service.training_run(model_id)), methods=["GET"])
         api.add_api_route("/api/v1/retrieve_future", retrieve, methods=["POST"])
         api.add_api_route("/api/v1/healthz", healthz, methods=["GET"])
 

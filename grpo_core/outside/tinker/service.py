@@ -12,6 +12,7 @@ The run folder (``root``)::
     <model>/weights/<name>/          save_state: trainable weights, AdamW state, step, spec (tinker://<model>/weights/<name>)
     <model>/sampler_weights/<name>/  save_weights_for_sampler: a peft adapter or HF weights (…/sampler_weights/<name>)
     <model>/requests.jsonl           one row per forward_backward and optim_step (loss, sizes, metrics)
+    <model>/tensorboard/             one row per optim_step (step_log.py), and W&B's or MLflow's files when asked
 """
 from __future__ import annotations
 
@@ -22,15 +23,19 @@ import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from grpo_core.outside.tinker import checkpoints
 from grpo_core.outside.tinker.errors import TinkerRequestError, not_found
 from grpo_core.outside.tinker.futures import FutureTable, Outcome
+from grpo_core.outside.tinker.step_log import StepLog
 from grpo_core.outside.tinker.snapshots import SampleCall, SamplerSettings, Snapshot, SnapshotSampler, check_sample_call
 from grpo_core.outside.tinker.trainee import AdamStep, Trainee, TraineeSpec, read_state
 from grpo_core.outside.tinker.wire import ForwardBackwardCall, forward_backward_output, sample_response
+from grpo_core.run.metric_sinks import SinkSettings
+from grpo_core.run.storage import RunStore
 
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 SAMPLE_BATCH = 256  # sample requests at most in one engine call
@@ -46,6 +51,8 @@ class ServiceSettings:
     kv_cache_mb: int = 256
     seed: int = 0
     sample_adapters: str = "merged"  # how samplers serve LoRA snapshots (SamplerSettings.adapters)
+    metric_sinks: tuple[str, ...] = ("tensorboard",)  # where each client's steps are logged (step_log.py)
+    project: str = "grpo-tinker"  # W&B project / MLflow experiment
 
 
 @dataclass
@@ -61,6 +68,7 @@ class Model:
     model_id: str
     base_name: str                # what the client called the base model (echoed in get_info)
     trainee: Trainee
+    log: StepLog
     seen: dict[int, str] = field(default_factory=dict)  # seq_id -> request id
     ephemeral: list[Path] = field(default_factory=list)
 
@@ -119,6 +127,8 @@ class TinkerService:
 
     def close(self) -> None:
         self._train.shutdown(wait=True, cancel_futures=True)
+        for model in self.models.values():
+            model.log.close()
         self._samples.put(None)
         self._sampling_thread.join(timeout=30)
 
@@ -192,7 +202,13 @@ class TinkerService:
                                  f"path or {os.path.basename(self.base_folder)!r})", field=field_name)
 
     def _model_dir(self, model_id: str) -> Path:
-        return self.settings.root / model_id.replace(":", ".")
+        return checkpoints.model_folder(self.settings.root, model_id)
+
+    def _new_model(self, model_id: str, base_name: str, trainee: Trainee) -> Model:
+        folder = self._model_dir(model_id)
+        settings = SinkSettings(self.settings.metric_sinks, self.settings.project, folder.name,
+                                {**asdict(trainee.spec), "base_model": self.base_folder, "model_id": model_id})
+        return Model(model_id, base_name, trainee, StepLog(settings, RunStore(str(folder.parent), folder.name)))
 
     def _record(self, model_id: str, row: dict) -> None:
         folder = self._model_dir(model_id)
@@ -243,7 +259,7 @@ class TinkerService:
                                      field="model_seq_id")
 
         def work() -> Outcome:
-            self.models[model_id] = Model(model_id, base_name, Trainee(spec))
+            self.models[model_id] = self._new_model(model_id, base_name, Trainee(spec))
             return Outcome(json={"model_id": model_id, "type": "create_model"})
         return self._submit(self._train, work)
 
@@ -260,6 +276,8 @@ class TinkerService:
 
         def work() -> Outcome:
             outputs, metrics = model.trainee.forward_backward(call)
+            if not call.forward_only:
+                model.log.forward_backward(metrics, len(call.data), sum(d.length for d in call.data))
             self._record(call.model_id, {"op": "forward" if call.forward_only else "forward_backward",
                                          "seq_id": call.seq_id, "loss_fn": call.loss_fn, "datums": len(call.data),
                                          "tokens": sum(d.length for d in call.data), "metrics": metrics})
@@ -271,6 +289,7 @@ class TinkerService:
 
         def work() -> Outcome:
             metrics = model.trainee.optim_step(adam)
+            model.log.optim_step(metrics)
             self._record(model_id, {"op": "optim_step", "seq_id": seq_id, "adam": adam.__dict__, "metrics": metrics})
             return Outcome(json={"type": "optim_step", "metrics": metrics})
         return self._ordered(model, seq_id, work)
@@ -305,6 +324,7 @@ class TinkerService:
 
         def work() -> Outcome:
             model.trainee.load_state(folder, with_optimizer)
+            model.log.restart()
             return Outcome(json={"path": path, "model_id": model_id, "type": "load_weights"})
         return self._ordered(model, seq_id, work)
 
@@ -323,7 +343,7 @@ class TinkerService:
         def work() -> Outcome:
             trainee = Trainee(spec)
             trainee.load_state(folder, with_optimizer)
-            self.models[model_id] = Model(model_id, base_name, trainee)
+            self.models[model_id] = self._new_model(model_id, base_name, trainee)
             return Outcome(json={"path": path, "model_id": model_id, "type": "load_weights"})
         return self._submit(self._train, work)
 
@@ -361,6 +381,29 @@ class TinkerService:
             old = model.ephemeral.pop(0)
             self.sampling = {k: s for k, s in self.sampling.items() if s.snapshot.folder != str(old)}
             shutil.rmtree(old, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------- checkpoint routes (RestClient)
+    def list_checkpoints(self, model_id: str) -> dict:
+        found = checkpoints.list_checkpoints(self.settings.root, model_id, live=model_id in self.models)
+        return {"checkpoints": found, "cursor": None}
+
+    def delete_checkpoint(self, model_id: str, checkpoint_id: str) -> dict:
+        """Refused while a sampling session reads it; else deleted on the training thread, after every request
+        queued before it (a load_state of it, say)."""
+        folder = checkpoints.checkpoint_folder(self.settings.root, model_id, checkpoint_id)
+        readers = sorted(s.sampling_session_id for s in self.sampling.values() if s.snapshot.folder == str(folder))
+        if readers:
+            raise TinkerRequestError(f"checkpoint {checkpoint_id} of {model_id} is read by sampling session "
+                                     f"{readers[0]}; it can be deleted once no session samples it",
+                                     field="checkpoint_id")  # 409 would be retried by the SDK
+        self._train.submit(checkpoints.delete, folder).result()
+        return {}
+
+    def training_run(self, model_id: str) -> dict:
+        model = self.models.get(model_id)
+        return checkpoints.training_run(self.settings.root, model_id,
+                                        model.base_name if model else self.base_folder,
+                                        model.trainee.spec.lora_rank if model else None)
 
     # ------------------------------------------------------------------------------------------- sampling
     def create_sampling_session(self, session_id: str, seq_id: int, base_model: str | None,

@@ -1,0 +1,92 @@
+"""Tinker's checkpoint routes (the SDK's ``RestClient``): a training run's checkpoints listed, one deleted, the run
+described, read from the service's run folder.
+
+A training run is a training client (``training_run_id`` is its model id); its checkpoints are the folders under
+``<root>/<model>/weights/`` (``save_state``: checkpoint type ``training``) and ``sampler_weights/``
+(``save_weights_for_sampler``: ``sampler``), so they are listed after a restart too. A checkpoint id is
+``weights/<name>`` or ``sampler_weights/<name>``, its path ``tinker://<model id>/<checkpoint id>``. A folder still
+being written (the temporary folder ``save_state`` renames when whole) is not a checkpoint yet.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+from pathlib import Path
+
+from grpo_core.outside.tinker.errors import TinkerRequestError, not_found
+
+KINDS = {"weights": "training", "sampler_weights": "sampler"}
+RUN_FILES = ("trainable.safetensors", "adapter_model.safetensors", "model.safetensors")  # what makes a folder whole
+
+
+def model_folder(root: Path, model_id: str) -> Path:
+    return root / model_id.replace(":", ".")
+
+
+def _size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def _whole(folder: Path) -> bool:
+    return (folder.is_dir() and not folder.name.startswith(".") and not folder.name.endswith(".partial")
+            and any((folder / f).is_file() for f in RUN_FILES))
+
+
+def _described(model_id: str, kind: str, folder: Path) -> dict:
+    made = datetime.datetime.fromtimestamp(folder.stat().st_mtime, tz=datetime.timezone.utc)
+    return {"checkpoint_id": f"{kind}/{folder.name}", "checkpoint_type": KINDS[kind], "time": made.isoformat(),
+            "tinker_path": f"tinker://{model_id}/{kind}/{folder.name}", "size_bytes": _size(folder)}
+
+
+def list_checkpoints(root: Path, model_id: str, live: bool = False) -> list[dict]:
+    """Every whole checkpoint of the run, oldest first (the SDK's ``Checkpoint`` fields). ``live``: the client is
+    this server's, so a run with no folder yet has none rather than being unknown."""
+    run = model_folder(root, model_id)
+    if not run.is_dir() and not live:
+        raise not_found("training run", model_id, "training_run_id")
+    found = []
+    for kind in KINDS:
+        folders = sorted((run / kind).iterdir()) if (run / kind).is_dir() else []
+        found += [_described(model_id, kind, f) for f in folders if _whole(f)]
+    return sorted(found, key=lambda c: (c["time"], c["checkpoint_id"]))
+
+
+def checkpoint_folder(root: Path, model_id: str, checkpoint_id: str) -> Path:
+    """The folder of ``checkpoint_id`` (``weights/<name>`` or ``sampler_weights/<name>``); a 404 naming it if there is
+    none."""
+    kind, _, name = checkpoint_id.partition("/")
+    if kind not in KINDS or not name or "/" in name or name in (".", ".."):
+        raise TinkerRequestError(f"checkpoint_id {checkpoint_id!r}: weights/<name> or sampler_weights/<name>",
+                                 field="checkpoint_id")
+    folder = model_folder(root, model_id) / kind / name
+    if not _whole(folder):
+        raise not_found("checkpoint", f"{model_id}/{checkpoint_id}", "checkpoint_id")
+    return folder
+
+
+def delete(folder: Path) -> None:
+    """Gone whole: renamed out of the listing first, then removed (a crash in between leaves a hidden folder that is
+    never listed, not half a checkpoint)."""
+    doomed = folder.with_name(f".deleting-{folder.name}-{os.getpid()}")
+    os.replace(folder, doomed)
+    shutil.rmtree(doomed)
+
+
+def training_run(root: Path, model_id: str, base_model: str, lora_rank: int | None) -> dict:
+    """The SDK's ``TrainingRun``: ``lora_rank`` from the live client (not None), else from its newest training
+    checkpoint."""
+    checkpoints = list_checkpoints(root, model_id, live=lora_rank is not None)
+    training = [c for c in checkpoints if c["checkpoint_type"] == "training"]
+    sampler = [c for c in checkpoints if c["checkpoint_type"] == "sampler"]
+    if lora_rank is None and training:
+        state = model_folder(root, model_id) / training[-1]["checkpoint_id"] / "state.json"
+        lora_rank = int(json.loads(state.read_text())["spec"]["lora_rank"])
+    run = model_folder(root, model_id)
+    last = max((f.stat().st_mtime for f in run.rglob("*")), default=run.stat().st_mtime if run.is_dir() else 0.0)
+    return {"training_run_id": model_id, "base_model": base_model, "model_owner": "local",
+            "is_lora": bool(lora_rank), "lora_rank": lora_rank or None,
+            "last_request_time": datetime.datetime.fromtimestamp(last, tz=datetime.timezone.utc).isoformat(),
+            "last_checkpoint": training[-1] if training else None,
+            "last_sampler_checkpoint": sampler[-1] if sampler else None}
