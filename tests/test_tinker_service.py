@@ -240,6 +240,15 @@ def test_checkpoints_are_listed_described_and_deleted_through_the_sdks_rest_clie
         rest.delete_checkpoint(model_id, "weights/a").result()
     with pytest.raises(tinker.NotFoundError, match="training_run_id|no training run"):
         rest.list_checkpoints("s-none:train:0").result()
+    client.create_lora_training_client(base_model=server["model"], rank=0, seed=4).result()  # a second run at least
+    runs = rest.list_training_runs(limit=1000).result()
+    assert model_id in [r.training_run_id for r in runs.training_runs]
+    assert runs.cursor.total_count == len(runs.training_runs) >= 2
+    assert runs.training_runs[0].is_lora is False  # the newest: the full fine-tuning client just made
+    assert [r.training_run_id for r in rest.list_training_runs(limit=1, offset=1).result().training_runs] == \
+        [runs.training_runs[1].training_run_id]
+    with pytest.raises(tinker.BadRequestError, match="limit"):
+        rest.list_training_runs(limit=0).result()
 
 
 @pytest.mark.parametrize("rank", [8, 0], ids=["lora", "full"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -21,8 +22,28 @@ KINDS = {"weights": "training", "sampler_weights": "sampler"}
 RUN_FILES = ("trainable.safetensors", "adapter_model.safetensors", "model.safetensors")  # what makes a folder whole
 
 
+RUN_FOLDER = re.compile(r"^(s-[0-9a-f]+)\.train\.(\d+)$")  # a training client's folder: <session>.train.<seq>
+
+
 def model_folder(root: Path, model_id: str) -> Path:
     return root / model_id.replace(":", ".")
+
+
+def run_ids(root: Path) -> list[str]:
+    """The model ids of every training client that has a folder under ``root`` (this server's and earlier ones')."""
+    found = (RUN_FOLDER.match(p.name) for p in root.iterdir() if p.is_dir()) if root.is_dir() else ()
+    return sorted(f"{m.group(1)}:train:{m.group(2)}" for m in found if m)
+
+
+def page(text: str, field: str, low: int, high: int) -> int:
+    """A paging query parameter as an integer in [low, high]; refused naming it otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise TinkerRequestError(f"{field} {text!r}: an integer", field=field) from None
+    if not low <= value <= high:
+        raise TinkerRequestError(f"{field} {value}: {low} to {high}", field=field)
+    return value
 
 
 def _size(folder: Path) -> int:
@@ -74,9 +95,9 @@ def delete(folder: Path) -> None:
     shutil.rmtree(doomed)
 
 
-def training_run(root: Path, model_id: str, base_model: str, lora_rank: int | None) -> dict:
+def training_run(root: Path, model_id: str, base_model: str, lora_rank: int | None, since: float = 0.0) -> dict:
     """The SDK's ``TrainingRun``: ``lora_rank`` from the live client (not None), else from its newest training
-    checkpoint."""
+    checkpoint; the last request's time from its folder's files, or ``since`` (a live client's creation) if later."""
     checkpoints = list_checkpoints(root, model_id, live=lora_rank is not None)
     training = [c for c in checkpoints if c["checkpoint_type"] == "training"]
     sampler = [c for c in checkpoints if c["checkpoint_type"] == "sampler"]
@@ -84,7 +105,7 @@ def training_run(root: Path, model_id: str, base_model: str, lora_rank: int | No
         state = model_folder(root, model_id) / training[-1]["checkpoint_id"] / "state.json"
         lora_rank = int(json.loads(state.read_text())["spec"]["lora_rank"])
     run = model_folder(root, model_id)
-    last = max((f.stat().st_mtime for f in run.rglob("*")), default=run.stat().st_mtime if run.is_dir() else 0.0)
+    last = max([since, *(f.stat().st_mtime for f in run.rglob("*"))] if run.is_dir() else [since])
     return {"training_run_id": model_id, "base_model": base_model, "model_owner": "local",
             "is_lora": bool(lora_rank), "lora_rank": lora_rank or None,
             "last_request_time": datetime.datetime.fromtimestamp(last, tz=datetime.timezone.utc).isoformat(),

@@ -189,12 +189,14 @@ class TinkerApp:
         def refused(exc: TinkerRequestError) -> JSONResponse:
             return JSONResponse(exc.body(), status_code=exc.status)
 
-        def route(handler: Callable[..., dict], raw: bool = False):
+        def route(handler: Callable[..., dict], raw: bool = False, query: tuple[str, ...] = ()):
+            """``query``: the query parameters the handler takes (as text, when sent)."""
             async def serve(request: Request):
                 try:
                     self.check_key(request.headers)
                     body = await _body_bytes(request)
-                    params = dict(request.path_params)
+                    params = {**{k: request.query_params[k] for k in query if k in request.query_params},
+                              **request.path_params}
                     out = await anyio.to_thread.run_sync(
                         lambda: handler(body if raw else _read_json(body), **params))
                 except TinkerRequestError as exc:
@@ -225,6 +227,8 @@ class TinkerApp:
                           route(lambda body, sampler_id: self.service.sampler_info(sampler_id)), methods=["GET"])
         api.add_api_route("/api/v1/get_server_capabilities", route(lambda body: self.capabilities()),
                           methods=["GET"])
+        api.add_api_route("/api/v1/training_runs", route(lambda body, **page: self.service.list_training_runs(**page),
+                                                         query=("limit", "offset")), methods=["GET"])
         runs = "/api/v1/training_runs/{model_id}"
         api.add_api_route(f"{runs}/checkpoints", route(lambda body, model_id: self.service.list_checkpoints(model_id)),
                           methods=["GET"])

@@ -71,6 +71,7 @@ class Model:
     log: StepLog
     seen: dict[int, str] = field(default_factory=dict)  # seq_id -> request id
     ephemeral: list[Path] = field(default_factory=list)
+    created: float = field(default_factory=time.time)
 
 
 @dataclass(frozen=True)
@@ -403,7 +404,16 @@ class TinkerService:
         model = self.models.get(model_id)
         return checkpoints.training_run(self.settings.root, model_id,
                                         model.base_name if model else self.base_folder,
-                                        model.trainee.spec.lora_rank if model else None)
+                                        model.trainee.spec.lora_rank if model else None,
+                                        model.created if model else 0.0)
+
+    def list_training_runs(self, limit: str = "20", offset: str = "0") -> dict:
+        """Every training client with a folder here or alive now, the most recently active first, a page of them."""
+        first, count = checkpoints.page(offset, "offset", 0, 2**31), checkpoints.page(limit, "limit", 1, 1000)
+        ids = sorted(set(checkpoints.run_ids(self.settings.root)) | set(self.models))
+        runs = sorted((self.training_run(i) for i in ids), key=lambda r: r["last_request_time"], reverse=True)
+        return {"training_runs": runs[first:first + count],
+                "cursor": {"offset": first, "limit": count, "total_count": len(runs)}}
 
     # ------------------------------------------------------------------------------------------- sampling
     def create_sampling_session(self, session_id: str, seq_id: int, base_model: str | None,
