@@ -6,6 +6,7 @@ Where it listens and its key go to ``<root>/service.json`` (0600 from its first 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import secrets
@@ -51,6 +52,10 @@ def _metric_sinks(text: str) -> tuple[str, ...]:
     unknown = [n for n in names if n not in SINKS]
     if unknown or not names:
         raise ValueError(f"--metrics {text!r}: choose from {', '.join(SINKS)}, comma-separated, or none")
+    missing = [n for n in names if n != "tensorboard" and importlib.util.find_spec(n) is None]
+    if missing:
+        raise ValueError(f"--metrics names {missing[0]}, which is not installed in this environment "
+                         f"(`pip install {missing[0]}`, or leave it out)")
     return names
 
 

@@ -20,6 +20,7 @@ import json
 import os
 import queue
 import secrets
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -209,7 +210,8 @@ class TinkerService:
         folder = self._model_dir(model_id)
         settings = SinkSettings(self.settings.metric_sinks, self.settings.project, folder.name,
                                 {**asdict(trainee.spec), "base_model": self.base_folder, "model_id": model_id})
-        return Model(model_id, base_name, trainee, StepLog(settings, RunStore(str(folder.parent), folder.name)))
+        log = StepLog(settings, RunStore(str(folder.parent), folder.name), next_step=trainee.step + 1)
+        return Model(model_id, base_name, trainee, log)
 
     def _record(self, model_id: str, row: dict) -> None:
         folder = self._model_dir(model_id)
@@ -290,8 +292,14 @@ class TinkerService:
 
         def work() -> Outcome:
             metrics = model.trainee.optim_step(adam)
-            model.log.optim_step(metrics)
-            self._record(model_id, {"op": "optim_step", "seq_id": seq_id, "adam": adam.__dict__, "metrics": metrics})
+            row = {"op": "optim_step", "seq_id": seq_id, "adam": adam.__dict__, "metrics": metrics}
+            try:
+                model.log.optim_step(metrics)
+            except Exception as exc:  # noqa: BLE001 - the step is taken: its answer must say so; the row keeps why
+                row["metric_sinks_error"] = repr(exc)
+                print(f"{model_id}: step {int(metrics['step'])} not logged to the metric sinks: {exc!r}",
+                      file=sys.stderr, flush=True)
+            self._record(model_id, row)
             return Outcome(json={"type": "optim_step", "metrics": metrics})
         return self._ordered(model, seq_id, work)
 
@@ -325,7 +333,7 @@ class TinkerService:
 
         def work() -> Outcome:
             model.trainee.load_state(folder, with_optimizer)
-            model.log.restart()
+            model.log.restart(next_step=model.trainee.step + 1)
             return Outcome(json={"path": path, "model_id": model_id, "type": "load_weights"})
         return self._ordered(model, seq_id, work)
 
