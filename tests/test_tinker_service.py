@@ -390,3 +390,32 @@ def test_the_door_answers_json_naming_what_is_wrong(server):
                        headers=key)
     assert extra.status_code == 400 and extra.json()["field"] == "bogus"
     assert httpx.get(f"{url}/api/v1/healthz").json() == {"status": "ok"}
+
+
+def test_a_step_the_metric_sinks_cannot_take_still_answers_as_taken(tiny_model, tmp_path):
+    """The service in this process: the sinks fail on a step's row after the optimizer stepped; the step's answer is
+    the step (a retry would step twice otherwise), and its row in requests.jsonl says why nothing was logged."""
+    import asyncio
+
+    from grpo_core.outside.tinker.service import ServiceSettings, TinkerService
+    from grpo_core.outside.tinker.trainee import AdamStep
+
+    service = TinkerService(ServiceSettings(base_model=tiny_model, root=tmp_path))
+    try:
+        session = service.create_session()["session_id"]
+
+        def settled(request_id: str):
+            return asyncio.run(service.futures.wait_async(request_id, 60.0))
+
+        created = settled(service.create_model(session, 0, tiny_model, None, "adamw"))
+        model = service.models[created.json["model_id"]]
+
+        def full_disk(row: dict) -> None:
+            raise OSError(28, "No space left on device")
+        model.log.sinks.log = full_disk
+        outcome = settled(service.optim_step(model.model_id, 0, AdamStep(1e-3, 0.9, 0.95, 1e-8, 0.0, 0.0)))
+    finally:
+        service.close()
+    assert outcome.error is None and outcome.json["metrics"]["step"] == 1.0
+    rows = [json.loads(line) for line in (tmp_path / model.model_id.replace(":", ".") / "requests.jsonl").open()]
+    assert rows[-1]["op"] == "optim_step" and "No space left on device" in rows[-1]["metric_sinks_error"]
