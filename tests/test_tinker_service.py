@@ -389,6 +389,18 @@ def test_the_door_answers_json_naming_what_is_wrong(server):
     extra = httpx.post(f"{url}/api/v1/create_session", json={"tags": [], "user_metadata": {}, "sdk_version": "x", "bogus": 1},
                        headers=key)
     assert extra.status_code == 400 and extra.json()["field"] == "bogus"
+    # the checkpoint routes: no way out of the run folder, paging that is no number
+    runs = f"{url}/api/v1/training_runs"
+    for outside in ("%2E%2E", ".", "s-none:sample:0"):
+        answer = httpx.get(f"{runs}/{outside}/checkpoints", headers=key)
+        assert answer.status_code == 404 and answer.json()["field"] == "training_run_id", (outside, answer.text)
+    assert httpx.get(f"{runs}/s-1a:train:0%2F../checkpoints", headers=key).status_code == 404  # no such route
+    for checkpoint in ("weights/%2E%2E", "weights/a/b", "bogus/a", "weights/"):
+        answer = httpx.delete(f"{runs}/s-1a:train:0/checkpoints/{checkpoint}", headers=key)
+        assert answer.status_code in (400, 404) and answer.json()["field"] == "checkpoint_id", (checkpoint, answer.text)
+    for query, field in (("limit=x", "limit"), ("limit=0", "limit"), ("offset=-1", "offset"), ("limit=1001", "limit")):
+        answer = httpx.get(f"{runs}?{query}", headers=key)
+        assert answer.status_code == 400 and answer.json()["field"] == field, (query, answer.text)
     assert httpx.get(f"{url}/api/v1/healthz").json() == {"status": "ok"}
 
 

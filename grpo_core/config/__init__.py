@@ -11,7 +11,8 @@ from grpo_core.config.loading import (PLACEHOLDER_TREE, build_config, expand_run
                                      parse_overrides, upgrade_stored_config)
 from grpo_core.config.model_folders import check_model_folder, check_reward_model_folders
 from grpo_core.config.resources import (CHAMPION, REGISTRY_FOLDER, CheckpointConfig, ClusterConfig, GateConfig,
-                                       LoggingConfig, RegistryConfig, RoleResources, StorageConfig, WeightsConfig)
+                                       METRIC_BACKENDS, LoggingConfig, RegistryConfig, RoleResources, StorageConfig,
+                                       WeightsConfig)
 from grpo_core.config.run import RESUME_SAFE_FIELDS, GRPOConfig
 from grpo_core.config.sampling import AtroposConfig, EndpointConfig, EnvConfig, RolloutConfig
 from grpo_core.config.section import ConfigError
@@ -19,7 +20,7 @@ from grpo_core.config.section import ConfigError
 __all__ = ["CHAMPION", "DEFAULT_EVAL_SET", "PLACEHOLDER_TREE", "REGISTRY_FOLDER", "RESUME_SAFE_FIELDS",
            "VLLM_LORA_RANKS", "AlgoConfig", "AtroposConfig", "ChatTurn", "CheckpointConfig", "ClusterConfig",
            "ConfigError", "DataConfig", "DistillConfig", "EndpointConfig", "EnvConfig", "EvalConfig",
-           "EvalDatasetConfig", "GRPOConfig", "GateConfig", "LoggingConfig", "LoraConfig", "LoraTarget", "ModelConfig",
+           "EvalDatasetConfig", "GRPOConfig", "GateConfig", "LoggingConfig", "METRIC_BACKENDS", "LoraConfig", "LoraTarget", "ModelConfig",
            "ModelRewardConfig", "RegistryConfig", "RewardConfig", "RoleResources", "RolloutConfig", "SFTConfig",
            "StorageConfig", "TrainConfig", "WeightsConfig", "build_config", "check_model_folder",
            "check_reward_model_folders", "expand_run_name", "load_config", "merge_trees", "parse_overrides",

@@ -10,6 +10,8 @@ from pydantic import Field, field_validator, model_validator
 from grpo_core.config.section import _Section
 from grpo_core.config.placements import PLACEMENTS
 
+METRIC_BACKENDS = ("tensorboard", "wandb", "mlflow")  # grpo_core.run.metric_sinks; the Tinker service's --metrics
+
 
 class RoleResources(_Section):
     """What one actor of a role reserves from Ray, and where it may run (custom resources pin it to nodes)."""
@@ -122,7 +124,7 @@ class CheckpointConfig(_Section):
 class LoggingConfig(_Section):
     """Where a run's figures and logs go besides metrics.parquet and the Prefect UI."""
 
-    backends: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+    backends: list[Literal[METRIC_BACKENDS]] = Field(
         default_factory=lambda: ["tensorboard"],
         description="metric sinks: tensorboard (event files in the run folder's tensorboard/, the default), wandb "
                     "and mlflow (when installed; offline unless WANDB_MODE / MLFLOW_TRACKING_URI say otherwise)")

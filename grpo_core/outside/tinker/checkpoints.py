@@ -17,15 +17,23 @@ import shutil
 from pathlib import Path
 
 from grpo_core.outside.tinker.errors import TinkerRequestError, not_found
+from grpo_core.outside.tinker.trainee import PARTIAL, STATE_FILE, WEIGHTS_FILE
 
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
-RUN_FILES = ("trainable.safetensors", "adapter_model.safetensors", "model.safetensors")  # what makes a folder whole
+RUN_FILES = (WEIGHTS_FILE, "adapter_model.safetensors", "model.safetensors")  # what makes a folder a checkpoint
 
 
 RUN_FOLDER = re.compile(r"^(s-[0-9a-f]+)\.train\.(\d+)$")  # a training client's folder: <session>.train.<seq>
 
 
-def model_folder(root: Path, model_id: str) -> Path:
+MODEL_ID = re.compile(r"^s-[0-9a-f]+:train:\d+$")
+
+
+def model_folder(root: Path, model_id: str, field: str = "training_run_id") -> Path:
+    """``<root>/<session>.train.<seq>``; anything but a training model's id (``..`` say) is no run here: a 404
+    naming ``field``."""
+    if not MODEL_ID.match(model_id):
+        raise not_found("training run", model_id, field)
     return root / model_id.replace(":", ".")
 
 
@@ -51,7 +59,7 @@ def _size(folder: Path) -> int:
 
 
 def _whole(folder: Path) -> bool:
-    return (folder.is_dir() and not folder.name.startswith(".") and not folder.name.endswith(".partial")
+    return (folder.is_dir() and not folder.name.startswith(".") and not folder.name.endswith(PARTIAL)
             and any((folder / f).is_file() for f in RUN_FILES))
 
 
@@ -102,7 +110,7 @@ def training_run(root: Path, model_id: str, base_model: str, lora_rank: int | No
     training = [c for c in checkpoints if c["checkpoint_type"] == "training"]
     sampler = [c for c in checkpoints if c["checkpoint_type"] == "sampler"]
     if lora_rank is None and training:
-        state = model_folder(root, model_id) / training[-1]["checkpoint_id"] / "state.json"
+        state = model_folder(root, model_id) / training[-1]["checkpoint_id"] / STATE_FILE
         lora_rank = int(json.loads(state.read_text())["spec"]["lora_rank"])
     run = model_folder(root, model_id)
     last = max([since, *(f.stat().st_mtime for f in run.rglob("*"))] if run.is_dir() else [since])

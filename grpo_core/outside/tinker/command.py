@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 SERVICE_FILE = "service.json"
-SINKS = ("tensorboard", "wandb", "mlflow")  # the choices of a run's logging.backends (grpo_core.run.metric_sinks)
 
 
 def add_tinker_commands(sub: Any) -> None:
@@ -40,18 +39,20 @@ def add_tinker_commands(sub: Any) -> None:
                         "vLLM's LoRA kernels cost about 1 s per request) or as vLLM LoRA adapters")
     s.add_argument("--metrics", default="tensorboard",
                    help="where each training client's steps are logged, one run per client: a comma-separated list of "
-                        f"{', '.join(SINKS)}, or none (default: tensorboard, in <root>/<model>/tensorboard/)")
+                        "tensorboard, wandb and mlflow, or none (default: tensorboard, in <root>/<model>/tensorboard/)")
     s.add_argument("--project", default="grpo-tinker", help="the W&B project / MLflow experiment of --metrics")
     s.set_defaults(func=_cmd_serve)
 
 
 def _metric_sinks(text: str) -> tuple[str, ...]:
+    """``--metrics`` as the backends of a run's ``logging.backends``."""
+    from grpo_core.config import METRIC_BACKENDS
+
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     if names == ("none",):
         return ()
-    unknown = [n for n in names if n not in SINKS]
-    if unknown or not names:
-        raise ValueError(f"--metrics {text!r}: choose from {', '.join(SINKS)}, comma-separated, or none")
+    if not names or set(names) - set(METRIC_BACKENDS):
+        raise ValueError(f"--metrics {text!r}: choose from {', '.join(METRIC_BACKENDS)}, comma-separated, or none")
     missing = [n for n in names if n != "tensorboard" and importlib.util.find_spec(n) is None]
     if missing:
         raise ValueError(f"--metrics names {missing[0]}, which is not installed in this environment "

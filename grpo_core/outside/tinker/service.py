@@ -203,8 +203,8 @@ class TinkerService:
         raise TinkerRequestError(f"{field_name} {base_model!r}: this server trains {self.base_folder} (send that "
                                  f"path or {os.path.basename(self.base_folder)!r})", field=field_name)
 
-    def _model_dir(self, model_id: str) -> Path:
-        return checkpoints.model_folder(self.settings.root, model_id)
+    def _model_dir(self, model_id: str, field_name: str = "model_id") -> Path:
+        return checkpoints.model_folder(self.settings.root, model_id, field_name)
 
     def _new_model(self, model_id: str, base_name: str, trainee: Trainee) -> Model:
         folder = self._model_dir(model_id)
@@ -279,11 +279,12 @@ class TinkerService:
 
         def work() -> Outcome:
             outputs, metrics = model.trainee.forward_backward(call)
+            tokens = sum(d.length for d in call.data)
             if not call.forward_only:
-                model.log.forward_backward(metrics, len(call.data), sum(d.length for d in call.data))
+                model.log.forward_backward(metrics, len(call.data), tokens)
             self._record(call.model_id, {"op": "forward" if call.forward_only else "forward_backward",
                                          "seq_id": call.seq_id, "loss_fn": call.loss_fn, "datums": len(call.data),
-                                         "tokens": sum(d.length for d in call.data), "metrics": metrics})
+                                         "tokens": tokens, "metrics": metrics})
             return Outcome(proto=forward_backward_output(outputs, len(call.data), metrics))
         return self._ordered(model, call.seq_id, work)
 
@@ -322,7 +323,7 @@ class TinkerService:
         if kind != "weights":
             raise TinkerRequestError(f"path {path!r}: a sampler checkpoint holds no optimizer state; load_state takes "
                                      "tinker://<model_id>/weights/<name>", field="path")
-        folder = self._model_dir(model_id) / "weights" / name
+        folder = self._model_dir(model_id, "path") / "weights" / name
         if not folder.is_dir():
             raise TinkerRequestError(f"path {path!r}: no such checkpoint on this server", field="path", status=404)
         return folder, read_state(folder)
@@ -442,7 +443,7 @@ class TinkerService:
         if kind != "sampler_weights":
             raise TinkerRequestError(f"model_path {path!r}: sampling reads tinker://<model>/sampler_weights/<name>",
                                      field="model_path")
-        folder = self._model_dir(model_id) / "sampler_weights" / name
+        folder = self._model_dir(model_id, "model_path") / "sampler_weights" / name
         if not folder.is_dir():
             raise TinkerRequestError(f"model_path {path!r}: no such sampler checkpoint on this server",
                                      field="model_path", status=404)

@@ -30,6 +30,7 @@ LORA_ALPHA = 32.0  # Tinker's LoraConfig has no alpha; 32 is what its reference 
 STATE_FILE = "state.json"
 WEIGHTS_FILE = "trainable.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
+PARTIAL = ".partial"  # a checkpoint folder being written, renamed without it when whole
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ def read_state(folder: Path) -> dict:
 def _written_whole(folder: Path) -> Iterator[Path]:
     """A folder written under a temporary name, its files synced, then renamed into place (replacing an older one
     of the name): a reader finds it whole or not at all."""
-    tmp = folder.with_name(folder.name + ".partial")
+    tmp = folder.with_name(folder.name + PARTIAL)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     yield tmp
