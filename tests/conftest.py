@@ -9,10 +9,14 @@ from pathlib import Path
 import pytest
 
 # Tests never reach a hub or a telemetry endpoint, whether run through `make test` or plain pytest, and every Ray
-# node (including ray.cluster_utils' simulated ones, imported before grpo_core.cluster) binds loopback only.
+# node (including ray.cluster_utils' simulated ones, imported before grpo_core.cluster) binds loopback only. A flow
+# called in this process without the harness starts Prefect's ephemeral API, allowed 180 s as `grpo` allows it (its
+# default 20 s ran out on CI's 2 busy cores: test_model_rewards_e2e, stop 62); set before Prefect is imported, which
+# reads its settings once.
 for _key, _value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("RAY_USAGE_STATS_ENABLED", "0"),
                      ("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("VLLM_HOST_IP", "127.0.0.1"),
-                     ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")):
+                     ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),
+                     ("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")):
     os.environ.setdefault(_key, _value)
 
 from grpo_core.infra.s3server import S3ServerError, find_weed, start_s3_server
