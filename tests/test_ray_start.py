@@ -1,5 +1,6 @@
 """A local Ray whose node did not come up in time (on a loaded machine the raylet gives its agents a fixed 15 s,
-ray-project/ray#65983) is started again, and what the failed start left running is stopped."""
+ray-project/ray#65983) is started again, and what the failed start left running is stopped; the node it starts has
+no idle worker prestarted (none of the project's actors could use one)."""
 from __future__ import annotations
 
 import subprocess
@@ -14,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 # In a process of its own (the suite's workers have a Ray already): the first ray.init leaves a process behind, as a
 # failed node start leaves its GCS and raylet, and raises Ray's own message; the second is Ray's real start.
 SCRIPT = r"""
-import subprocess, psutil, ray
+import subprocess, time, psutil, ray
 from grpo_core.cluster import ray_cluster
 
 real_init, calls, left = ray.init, [], []
@@ -32,6 +33,10 @@ ray_cluster.start_local_ray(num_cpus=1)
 assert len(calls) == 2, calls
 assert ray.is_initialized() and ray.cluster_resources()["CPU"] == 1
 assert left[0].wait(timeout=30) is not None  # the failed start's process was stopped
+time.sleep(2)  # Ray prestarts its idle workers as the driver connects: they would be there by now
+workers = [" ".join(c.cmdline()).strip() for c in psutil.Process().children(recursive=True)
+           if c.cmdline() and not c.cmdline()[0].endswith("raylet")]
+assert not [w for w in workers if w.startswith("ray::IDLE") or "default_worker.py" in w], workers
 ray.shutdown()
 
 def refusing(*args, **kwargs):

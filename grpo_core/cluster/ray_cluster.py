@@ -91,6 +91,12 @@ def start_ray(cfg: GRPOConfig) -> bool:
     return True
 
 
+# Ray starts idle Python workers for the first driver (as many as it may start at once, up to the node's CPUs), each
+# importing Ray: a few CPU-seconds apiece, taken from the engines' start on 2 cores. No actor here uses them: every
+# engine and model actor has environment variables of its own (a runtime_env), so Ray starts a worker for it anyway.
+_NO_PRESTARTED_WORKERS = {"prestart_worker_first_driver": False}
+
+
 def start_local_ray(num_cpus: int, resources: dict[str, float] | None = None, log_to_driver: bool = False) -> None:
     """A new Ray cluster of this process's own, on 127.0.0.1 only ("local": without it ray.init joins any cluster
     a `ray start` or another run left on this machine; cluster.ray_address="auto" joins that one on purpose).
@@ -103,7 +109,8 @@ def start_local_ray(num_cpus: int, resources: dict[str, float] | None = None, lo
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         try:
             ray.init(address="local", num_cpus=num_cpus, resources=resources or None, include_dashboard=False,
-                     _node_ip_address="127.0.0.1", log_to_driver=log_to_driver, configure_logging=False)
+                     _node_ip_address="127.0.0.1", log_to_driver=log_to_driver, configure_logging=False,
+                     _system_config=_NO_PRESTARTED_WORKERS)
             return
         except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for it; anything else is re-raised
             if _NODE_START_TIMED_OUT not in str(exc) or start == _RAY_STARTS:
