@@ -204,6 +204,8 @@ def _assert_dropped_and_readded(rows: list[dict]) -> None:
 
 # ---------------------------------------------------------------------------------------------------- tests
 
+# The broadcast run is the part of the module CI runs (`make test-e2e`; about 6.5 minutes with set-up on 2 cores):
+# the cluster's one end-to-end check, as every long demo target keeps one. `make test-cluster` runs them all.
 @pytest.mark.parametrize("transport", [pytest.param("broadcast", marks=pytest.mark.e2e), "files"])
 def test_trains_across_hosts_exactly_as_on_one_machine(cluster, reference, tiny_model, transport):
     """Roles land on their hosts by custom resources, weights cross the bridge (gloo broadcast from the learner
@@ -233,7 +235,6 @@ def test_trains_across_hosts_exactly_as_on_one_machine(cluster, reference, tiny_
     assert bool(store.list_dirs("weights")) == (transport == "files"), "only the files transport publishes"
 
 
-@pytest.mark.e2e  # with the broadcast run above, the part of the module CI runs (about 5 minutes with set-up)
 def test_a_sampler_host_killed_mid_rollout(cluster, reference, tiny_model):
     """sampler2's machine is lost (every process on it SIGKILLed) in the middle of iteration 1's rollout: its
     prompts are redone by the other sampler, a replacement sampler starts on the host that can hold it (sampler1)
