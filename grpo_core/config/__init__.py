@@ -20,8 +20,8 @@ from grpo_core.config.section import ConfigError
 __all__ = ["CHAMPION", "DEFAULT_EVAL_SET", "PLACEHOLDER_TREE", "REGISTRY_FOLDER", "RESUME_SAFE_FIELDS",
            "VLLM_LORA_RANKS", "AlgoConfig", "AtroposConfig", "ChatTurn", "CheckpointConfig", "ClusterConfig",
            "ConfigError", "DataConfig", "DistillConfig", "EndpointConfig", "EnvConfig", "EvalConfig",
-           "EvalDatasetConfig", "GRPOConfig", "GateConfig", "LoggingConfig", "METRIC_BACKENDS", "LoraConfig", "LoraTarget", "ModelConfig",
-           "ModelRewardConfig", "RegistryConfig", "RewardConfig", "RoleResources", "RolloutConfig", "SFTConfig",
+           "EvalDatasetConfig", "GRPOConfig", "GateConfig", "LoggingConfig", "METRIC_BACKENDS", "LoraConfig",
+           "LoraTarget", "ModelConfig", "ModelRewardConfig", "RegistryConfig", "RewardConfig", "RoleResources", "RolloutConfig", "SFTConfig",
            "StorageConfig", "TrainConfig", "WeightsConfig", "build_config", "check_model_folder",
            "check_reward_model_folders", "expand_run_name", "load_config", "merge_trees", "parse_overrides",
            "upgrade_stored_config", "zero_stage_for"]

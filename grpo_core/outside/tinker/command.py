@@ -16,6 +16,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from grpo_core.config import METRIC_BACKENDS  # already imported by the parser's other commands
+
 SERVICE_FILE = "service.json"
 
 
@@ -39,15 +41,13 @@ def add_tinker_commands(sub: Any) -> None:
                         "vLLM's LoRA kernels cost about 1 s per request) or as vLLM LoRA adapters")
     s.add_argument("--metrics", default="tensorboard",
                    help="where each training client's steps are logged, one run per client: a comma-separated list of "
-                        "tensorboard, wandb and mlflow, or none (default: tensorboard, in <root>/<model>/tensorboard/)")
+                        f"{', '.join(METRIC_BACKENDS)}, or none (default: tensorboard, in <root>/<model>/tensorboard/)")
     s.add_argument("--project", default="grpo-tinker", help="the W&B project / MLflow experiment of --metrics")
     s.set_defaults(func=_cmd_serve)
 
 
 def _metric_sinks(text: str) -> tuple[str, ...]:
     """``--metrics`` as the backends of a run's ``logging.backends``."""
-    from grpo_core.config import METRIC_BACKENDS
-
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     if names == ("none",):
         return ()
