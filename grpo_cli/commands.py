@@ -339,6 +339,12 @@ def _add_model_commands(sub: Any) -> None:
     t.add_argument("--train", default="data/arith/train.jsonl")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=_cmd_model_tiny, task="arith")
+    t = msub.add_parser("tiny-base", help="build the CPU tiny base: the tiny Qwen2 warmed up on exact answers of a "
+                                          "family of short arithmetic forms (data/arith-family), a start for new tasks")
+    t.add_argument("--out", required=True)
+    t.add_argument("--train", default="data/arith-family/train.jsonl")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=_cmd_model_tiny, task="family")
     t = msub.add_parser("tiny-code", help="build the CPU code-RL demo policy: the tiny Qwen2 warmed up to write "
                                           "near-miss programs for the built-in stdin/stdout problems (data/code)")
     t.add_argument("--out", required=True)

@@ -35,7 +35,7 @@ S3_TEST_BUCKET = "grpo-test"
 IN_PROCESS_ENGINES = ("test_envs", "test_learner", "test_learner_dp", "test_lora", "test_sampler", "test_tiny_model",
                       "test_weights_gloo", "test_model_rewards_e2e", "test_real_model")
 # What makes a test a "stack" test (not in `make test-quick`): it builds or loads a model, or starts Prefect's API.
-STACK_FIXTURES = {"tiny_model", "tiny_tools_model", "smollm2_model", "prefect_harness"}
+STACK_FIXTURES = {"tiny_model", "tiny_tools_model", "tiny_base_model", "smollm2_model", "prefect_harness"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -143,6 +143,12 @@ def tiny_tools_model() -> str:
     """The tool-use demo policy (models/tiny-tools). GRPO_TEST_TINY_TOOLS_MODEL=DIR: a model built with
     `grpo model tiny-tools`."""
     return _shipped_model("GRPO_TEST_TINY_TOOLS_MODEL", "tiny-tools")
+
+
+@pytest.fixture(scope="session")
+def tiny_base_model() -> str:
+    """The tiny base (models/tiny-base). GRPO_TEST_TINY_BASE_MODEL=DIR: a model built with `grpo model tiny-base`."""
+    return _shipped_model("GRPO_TEST_TINY_BASE_MODEL", "tiny-base")
 
 
 @pytest.fixture(scope="session")
