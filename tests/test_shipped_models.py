@@ -11,7 +11,7 @@ import pytest
 from grpo_core.lifecycle.model import build_record
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
-SHIPPED = ("tiny", "tiny-code", "tiny-tools", "tiny-rm")
+SHIPPED = ("tiny", "tiny-code", "tiny-tools", "tiny-rm", "tiny-base")
 
 
 @pytest.mark.parametrize("name", SHIPPED)
