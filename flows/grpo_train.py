@@ -26,6 +26,8 @@ from typing import Any
 from prefect import flow
 from rich.console import Console
 
+from flows.prefect_api import wait_patiently_for_the_api
+
 from grpo_core.cluster.engines import EngineLost, Engines
 from grpo_core.cluster.reward_models import RewardModels
 from grpo_core.cluster.teacher import TeacherActors
@@ -49,6 +51,9 @@ from tasks.score import group_outcomes
 from tasks.stage_timer import StageTimer
 from tasks.stages import Stages
 from tasks.sync import ensure_synced
+
+# Prefect 3.7's own API start gives up on a slow first answer (flows/prefect_api.py); from here on it waits.
+wait_patiently_for_the_api()
 
 
 class RunFailed(RuntimeError):

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from flows.prefect_api import STARTUP_ALLOWANCE_S
+
 
 def _offline_defaults() -> None:
     # Nothing is ever fetched from a model hub; caches default to the project's ignored .cache folder.
@@ -19,7 +21,7 @@ def _offline_defaults() -> None:
                        ("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("TOKENIZERS_PARALLELISM", "false"),
                        ("VLLM_HOST_IP", "127.0.0.1"),
                        # The ephemeral Prefect API migrates its database on first start: slow on 2 busy cores.
-                       ("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"),
+                       ("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_ALLOWANCE_S)),
                        # Its task-run recorder commits every task-run event alone by default: 134 ms of server CPU
                        # per tiny-task iteration (5 task runs, 3 events each), taken from the engines on 2 cores.
                        # Batched (at most every 2 s, and all of them when the server stops): 54 ms.

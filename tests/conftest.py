@@ -8,15 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from flows.prefect_api import STARTUP_ALLOWANCE_S, wait_patiently_for_the_api  # imports httpx, not Prefect
+
 # Tests never reach a hub or a telemetry endpoint, whether run through `make test` or plain pytest, and every Ray
 # node (including ray.cluster_utils' simulated ones, imported before grpo_core.cluster) binds loopback only. A flow
-# called in this process without the harness starts Prefect's ephemeral API, allowed 180 s as `grpo` allows it (its
-# default 20 s ran out on CI's 2 busy cores: test_model_rewards_e2e, stop 62); set before Prefect is imported, which
-# reads its settings once.
+# called in this process without the harness starts Prefect's ephemeral API, allowed STARTUP_ALLOWANCE_S as `grpo`
+# allows it (its default 20 s ran out on CI's 2 busy cores: test_model_rewards_e2e, stop 62); set before Prefect is
+# imported, which reads its settings once.
 for _key, _value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("RAY_USAGE_STATS_ENABLED", "0"),
                      ("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("VLLM_HOST_IP", "127.0.0.1"),
                      ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),
-                     ("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")):
+                     ("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_ALLOWANCE_S))):
     os.environ.setdefault(_key, _value)
 
 from grpo_core.infra.s3server import S3ServerError, find_weed, start_s3_server
@@ -172,6 +174,7 @@ def prefect_harness(shared_ray):
     starts (grpo_cli.commands); this server must not inherit it."""
     from prefect.testing.utilities import prefect_test_harness
 
+    wait_patiently_for_the_api()
     recorder = [k for k in os.environ if k.startswith("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_")]
     saved = {k: os.environ.pop(k) for k in recorder}
     try:

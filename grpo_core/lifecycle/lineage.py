@@ -171,7 +171,7 @@ def code_version() -> dict[str, Any]:
     if commit is None:
         return {"commit": None, "dirty": None, "where": here}
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit, "dirty": bool(status), "where": here}
+    return {"commit": commit, "dirty": bool(status), "where": git("rev-parse", "--show-toplevel") or here}
 
 
 def file_digest(url: str, storage_options: dict | None) -> dict[str, Any]:
