@@ -23,7 +23,8 @@ ITERATIONS = 6
 SHAPE = dict(iterations=ITERATIONS, rollout__prompts_per_iteration=4, rollout__samples_per_prompt=4,
              rollout__max_staleness=1, train__mini_batch_size=8, train__micro_batch_size=8, train__lr=1e-3,
              eval__interval=3, eval__max_prompts=8, checkpoint__interval=2, checkpoint__keep_last=2,
-             cluster__placement="split", cluster__sampler_resources={"num_cpus": 0.5})
+             cluster__placement="split", cluster__sampler_resources={"num_cpus": 0.5, "torch_threads": 1},
+             cluster__learner_resources={"torch_threads": 1})  # the roles compute at once: a thread each
 
 
 def _config(tiny_model: str, root: Path, run_name: str) -> dict:

@@ -5,7 +5,7 @@
   starved pull and an environment out of restarts failing with the state of each;
 - a whole run driven by the Atropos environment of the demo (examples/atropos/arith_env.py, atroposlib's BaseEnv in
   its own virtual environment), SIGKILLed mid-run with its API server and environment, and resumed: every group it
-  trains on pulled once and trained once, nothing pulled lost.
+  trains on pulled once and trained once, nothing pulled lost (`make test-long`: about four minutes on 2 cores).
 """
 from __future__ import annotations
 
@@ -153,6 +153,9 @@ def _atropos_config(model: str, root: str, name: str, iterations: int) -> dict:
     return cfg
 
 
+# make test-e2e: the pulls against atroposlib's own API server and environment (above); make test: the groups'
+# rules at the door (tests/test_endpoint_doors.py) and runs killed and resumed (tests/test_resume.py)
+@pytest.mark.long
 def test_an_atropos_environment_drives_a_run_that_resumes_after_sigkill_training_each_group_once(
         run_api, tiny_model, tmp_path, prefect_harness):
     from tests.cli_runs import kill_tree, run_cli_to_end, start_cli, wait_committed, wait_listed

@@ -30,19 +30,28 @@ def _learner(model: str, learners: int, zero: int, **train):
                    micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps)
 
 
-def _rank_main(rank: int, port: int, model: str, zero: int, out: str, train: dict) -> None:
+# token-budget: each rank plans every rank's micro-batches by tokens; a rank whose rows pack into fewer splits them so
+# both run as many (ZeRO-2 reduces in every backward): rows of 8-12 tokens, shares of 2 rows, a budget of 22
+CASES = {"zero3": (3, {}), "zero2-minibatches-epochs": (2, {"mini_batch_size": 4, "ppo_epochs": 2}),
+         "zero2-token-budget": (2, {"mini_batch_size": 4, "max_tokens_per_microbatch": 22})}
+
+
+def _rank_main(rank: int, port: int, model: str, out: str) -> None:
+    """One rank of the group: every case in turn, one learner each, in one process (two processes for all cases:
+    a rank's start, torch's and DeepSpeed's imports, is most of its time)."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     from grpo_core.engine.roles.learner import init_learner_group
     from tests.test_learner import _batch
 
     init_learner_group("127.0.0.1", port, rank, 2)
-    learner = _learner(model, 2, zero, **train)
-    metrics = learner.train_step(_batch(), rank=rank, world_size=2)
-    weights = dict(learner.named_weights())  # every rank (ZeRO-3 gathers collectively)
-    if rank == 0:
-        torch.save({"weights": weights, "metrics": metrics}, out)
-    else:
-        torch.save({"metrics": metrics}, out + ".rank1")
+    results = {}
+    for name, (zero, train) in CASES.items():
+        learner = _learner(model, 2, zero, **train)
+        metrics = learner.train_step(_batch(), rank=rank, world_size=2)
+        weights = dict(learner.named_weights())  # every rank (ZeRO-3 gathers collectively)
+        results[name] = {"weights": weights, "metrics": metrics} if rank == 0 else {"metrics": metrics}
+        del learner
+    torch.save(results, f"{out}.rank{rank}")
     # Leave the group before the interpreter exits: a rank that exited holding it once aborted in its teardown
     # ("terminate called without an active exception", SIGABRT) after its results were written.
     torch.distributed.barrier()
@@ -55,26 +64,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# token-budget: each rank plans every rank's micro-batches by tokens; a rank whose rows pack into fewer splits them so
-# both run as many (ZeRO-2 reduces in every backward): rows of 8-12 tokens, shares of 2 rows, a budget of 22
-@pytest.mark.parametrize("zero,train", [(3, {}), (2, {"mini_batch_size": 4, "ppo_epochs": 2}),
-                                        (2, {"mini_batch_size": 4, "max_tokens_per_microbatch": 22})],
-                         ids=["zero3", "zero2-minibatches-epochs", "zero2-token-budget"])
-def test_two_ranks_step_equals_one_rank_on_the_whole_batch(tiny_model, tmp_path, zero, train):
-    from tests.test_learner import _batch
-
+@pytest.fixture(scope="module")
+def two_ranks(tiny_model, tmp_path_factory) -> tuple[dict, dict]:
+    """Every case's step on a group of 2 ranks: (rank 0's results, rank 1's), by case name."""
     ctx = mp.get_context("spawn")
-    out = str(tmp_path / "dp.pt")
+    out = str(tmp_path_factory.mktemp("dp") / "dp.pt")
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, tiny_model, zero, out, train)) for r in range(2)]
+    procs = [ctx.Process(target=_rank_main, args=(r, port, tiny_model, out)) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(600)
         assert p.exitcode == 0, f"rank process failed with {p.exitcode}"
-    dp = torch.load(out, weights_only=False)
-    rank1 = torch.load(out + ".rank1", weights_only=False)
+    return tuple(torch.load(f"{out}.rank{r}", weights_only=False) for r in range(2))
 
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_step_equals_one_rank_on_the_whole_batch(tiny_model, two_ranks, case):
+    from tests.test_learner import _batch
+
+    zero, train = CASES[case]
+    dp, rank1 = two_ranks[0][case], two_ranks[1][case]
     single = _learner(tiny_model, 1, zero, **train)
     metrics = single.train_step(_batch())
     ref = dict(single.named_weights())

@@ -5,7 +5,9 @@ What the tiny model cannot show: sampling that stops at the end-of-turn token (a
 hundreds of tokens, the learner agreeing with vLLM on a real vocabulary (right-padded rows, the output layer in
 chunks), and every capability once: kill and resume bit-identically, split placement with broadcast in async mode,
 an external `grpo serve` server with its default KV cache, LoRA (adapter only, merged export), `grpo eval` on
-final/, and final/ and a checkpoint loading in transformers and vLLM as they are.
+final/, and final/ and a checkpoint loading in transformers and vLLM as they are. The kill and resume, the split,
+external-server and LoRA runs are `make test-long`'s (marked ``long``: minutes each beyond CI's budget); the rest is
+`make test-e2e`'s.
 """
 from __future__ import annotations
 
@@ -157,7 +159,7 @@ def reference(smollm2_model, tmp_path_factory, prefect_harness):
     _drop_checkpoints(root)
 
 
-def test_the_run_learns_safely_and_resumes_bit_identically_after_sigkill(reference, smollm2_model, tmp_path):
+def test_the_run_learns_safely(reference):
     ref_root, _ = reference
     rows = _rows(ref_root, "ref")
     assert [r["iteration"] for r in rows] == [0, 1, 2]
@@ -165,6 +167,14 @@ def test_the_run_learns_safely_and_resumes_bit_identically_after_sigkill(referen
         assert r["sync_logprob_max_diff"] < 1e-3  # the sync does not damage the 134M weights
         assert r["mismatch_abs_logp_max"] < 1e-2  # sampler vs learner on every trained token
         assert r["response_length_mean"] > 5
+
+
+# make test-e2e: test_the_run_learns_safely (the uninterrupted run); the same kill, resume and comparison on the
+# tiny model in make test (tests/test_resume.py)
+@pytest.mark.long
+def test_a_run_sigkilled_between_scoring_and_its_update_resumes_bit_identically(reference, smollm2_model, tmp_path):
+    ref_root, _ = reference
+    rows = _rows(ref_root, "ref")
     cfg = real_config(smollm2_model, tmp_path, "cut", iterations=2, checkpoint__interval=1)
     store = RunStore(str(tmp_path), "cut")
     proc, log = start_cli(cfg, tmp_path, "first")
@@ -204,6 +214,8 @@ def test_final_and_a_checkpoint_load_in_both_engines_and_grpo_eval_reproduces_th
     assert pq.read_table(out / "eval-default.parquet").column("response_text").to_pylist() == in_run
 
 
+# make test: the same placement, transport and staleness on the tiny model (tests/test_async.py)
+@pytest.mark.long
 def test_split_placement_broadcasts_the_weights_in_async_mode(smollm2_model, tmp_path, prefect_harness):
     """Sampler and learner in two actors, the 538 MB of weights broadcast through gloo every iteration, the rollout
     of k+1 beside the training of k."""
@@ -221,6 +233,8 @@ def test_split_placement_broadcasts_the_weights_in_async_mode(smollm2_model, tmp
     assert checked and max(checked) < 1e-3
 
 
+# make test-e2e: external `grpo serve` runs on the tiny model (tests/test_external.py)
+@pytest.mark.long
 def test_an_external_grpo_serve_with_its_default_kv_cache_samples_the_run(smollm2_model, tmp_path, prefect_harness):
     """`grpo serve` on the model with no --max-model-len: the default 256 MiB cannot hold the model's 8192-token
     length, so the server serves what fits instead of refusing to start; weights reach it through files."""
@@ -240,6 +254,8 @@ def test_an_external_grpo_serve_with_its_default_kv_cache_samples_the_run(smollm
     assert len(rows) == 2 and all(r["sync_logprob_max_diff"] < 1e-3 for r in rows)
 
 
+# make test: LoRA runs, syncs and merged exports on the tiny model (tests/test_lora.py)
+@pytest.mark.long
 def test_lora_trains_the_adapter_only_and_the_merged_export_loads(smollm2_model, tmp_path, prefect_harness):
     """Colocated LoRA with the post-sync check at every iteration: vLLM scores prompt logprobs through the adapter
     (it used to fail on the output layer's LoRA wrapper); the merged export loads in both engines."""

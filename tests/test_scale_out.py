@@ -21,8 +21,9 @@ def _kill_a_sampler_mid_rollout(store: RunStore, after_iteration: int, stop: thr
     return during_rollout(store, after_iteration, stop, lambda p: p.send_signal(signal.SIGKILL))
 
 
-# make test: broadcast (the transfer group formed again with the replacement); files in make test-e2e
-@pytest.mark.parametrize("transport", ["broadcast", pytest.param("files", marks=pytest.mark.e2e)])
+# make test: broadcast (the transfer group formed again with the replacement); files in make test-long (a whole run
+# by files in make test-e2e: tests/test_external.py's two servers)
+@pytest.mark.parametrize("transport", ["broadcast", pytest.param("files", marks=pytest.mark.long)])
 def test_split_two_samplers_survive_a_sampler_killed_mid_rollout(tiny_model, tmp_path, prefect_harness, transport):
     """Split placement, 2 samplers, sampling at temperature 0.7: a sampler killed during iteration 1's rollout has
     its prompts redone by the other one, is replaced and catches up (broadcast: the transfer group is formed again
@@ -33,7 +34,9 @@ def test_split_two_samplers_survive_a_sampler_killed_mid_rollout(tiny_model, tmp
     prompts, g = 8, 4
     cfg = tiny_config(tiny_model, str(tmp_path), iterations=3, eval__interval=0, rollout__temperature=0.7,
                       cluster__placement="split", cluster__samplers=2,
-                      cluster__sampler_resources={"num_cpus": 0.5}, weights__transport=transport)
+                      cluster__sampler_resources={"num_cpus": 0.5, "torch_threads": 1},
+                      cluster__learner_resources={"torch_threads": 1},  # two samplers at once: a thread each
+                      weights__transport=transport)
     store = RunStore(str(tmp_path), "test")
     stop = threading.Event()
     killed = _kill_a_sampler_mid_rollout(store, after_iteration=0, stop=stop)

@@ -68,7 +68,9 @@ def test_sft_trains_on_the_assistant_turns_and_its_loss_falls(sft_run, tiny_mode
     assert result["final_eval_accuracy"] == rows[-1]["eval_accuracy"]
 
 
-@pytest.mark.e2e  # make test: test_sft_trains_on_the_assistant_turns_and_its_loss_falls (the run itself)
+# make test: test_sft_trains_on_the_assistant_turns_and_its_loss_falls (the run itself); a run extended from its
+# checkpoint: tests/test_resume.py::test_more_iterations_extend_a_finished_run (make test-e2e)
+@pytest.mark.long
 def test_sft_extended_from_its_checkpoint_is_bit_identical_to_one_run(sft_run, tiny_model, tmp_path,
                                                                       prefect_harness):
     """Two iterations, then the same run raised to four: it resumes from iteration 1's checkpoint, takes the same
