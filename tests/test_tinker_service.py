@@ -274,6 +274,52 @@ def test_sampling_reads_the_saved_weights_and_returns_their_logprobs(client, ser
     assert scored[1:] == pytest.approx(_values(learner["logprobs"])[:len(scored) - 1], abs=2e-3)
 
 
+def _top(logprobs: torch.Tensor, k: int) -> tuple[list[int], list[float]]:
+    values, ids = logprobs.topk(k)
+    return ids.tolist(), values.tolist()
+
+
+def test_top_k_logprobs_of_the_prompt_and_the_samples_and_the_prompts_last_n(client, server):
+    """topk_prompt_logprobs / topk_sample_logprobs: at each position the k most likely tokens, most likely first,
+    those a plain transformers forward of the model gives; prompt_logprobs_last_n scores only the prompt's last N
+    positions (the others None), each as the whole prompt's scoring gives it."""
+    ids = _tokenizer(server["model"]).encode(PROMPT)
+    sampler = client.create_sampling_client(base_model=server["model"]).result()
+    params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=11)
+    prompt = types.ModelInput.from_ints(ids)
+    full = sampler.sample(prompt, 2, params, include_prompt_logprobs=True, topk_prompt_logprobs=3,
+                          topk_sample_logprobs=2).result()
+    net = _reference(server["model"], 0, 0)
+
+    with torch.no_grad():
+        prompt_lp = torch.log_softmax(net(input_ids=torch.tensor([ids])).logits.float()[0], -1)
+    topk = full.topk_prompt_logprobs
+    assert len(topk) == len(ids) and topk[0] is None
+    for i in range(1, len(ids)):
+        want_ids, want_lp = _top(prompt_lp[i - 1], 3)
+        assert [t for t, _ in topk[i]] == want_ids, i
+        assert [lp for _, lp in topk[i]] == pytest.approx(want_lp, abs=2e-3)
+    for seq in full.sequences:
+        whole = ids + list(seq.tokens)
+        with torch.no_grad():
+            lp = torch.log_softmax(net(input_ids=torch.tensor([whole])).logits.float()[0], -1)
+        assert len(seq.topk_logprobs) == len(seq.tokens)
+        for t, (token, sampled, top) in enumerate(zip(seq.tokens, seq.logprobs, seq.topk_logprobs)):
+            want_ids, want_lp = _top(lp[len(ids) + t - 1], 2)
+            assert [i for i, _ in top] == want_ids and [v for _, v in top] == pytest.approx(want_lp, abs=2e-3)
+            assert top[0][1] >= sampled - 1e-5  # the sampled token is at most the most likely one
+            if token in want_ids:
+                assert dict(top)[token] == pytest.approx(sampled, abs=1e-5)
+
+    tail = sampler.sample(prompt, 1, params, include_prompt_logprobs=True, topk_prompt_logprobs=3,
+                          prompt_logprobs_last_n=2).result()
+    assert tail.prompt_logprobs[:-2] == [None] * (len(ids) - 2)
+    assert tail.prompt_logprobs[-2:] == pytest.approx(full.prompt_logprobs[-2:], abs=1e-5)
+    assert tail.topk_prompt_logprobs[:-2] == [None] * (len(ids) - 2)
+    assert [[t for t, _ in row] for row in tail.topk_prompt_logprobs[-2:]] == \
+        [[t for t, _ in row] for row in topk[-2:]]
+
+
 @pytest.mark.e2e  # a server of its own: make test-e2e
 def test_sampling_through_vllms_lora_adapters_reads_the_trained_weights(server, tmp_path):
     """--sample-adapters lora: snapshots served as vLLM LoRA adapters (not merged) give the learner's logprobs too."""
@@ -368,6 +414,13 @@ def test_bad_requests_are_refused_naming_the_field(client, server):
         max_tokens=2, seed=2**64)))
     assert "max_tokens" in refused(lambda: sampler.sample(types.ModelInput.from_ints(ids), 1, types.SamplingParams(
         max_tokens=10**6)))
+    two = types.SamplingParams(max_tokens=2)
+    assert "topk_sample_logprobs" in refused(lambda: sampler.sample(types.ModelInput.from_ints(ids), 1, two,
+                                                                    topk_sample_logprobs=21))
+    assert "topk_prompt_logprobs" in refused(lambda: sampler.sample(types.ModelInput.from_ints(ids), 1, two,
+                                                                    topk_prompt_logprobs=-1))
+    assert "prompt_logprobs_last_n" in refused(lambda: sampler.sample(
+        types.ModelInput.from_ints(ids), 1, two, include_prompt_logprobs=True, prompt_logprobs_last_n=len(ids)))
     # the refused calls applied nothing: the client still trains from where it was
     assert trainer.forward_backward([ok], "cross_entropy").result().metrics["loss:sum"] > 0
 
@@ -389,6 +442,12 @@ def test_the_door_answers_json_naming_what_is_wrong(server):
     extra = httpx.post(f"{url}/api/v1/create_session", json={"tags": [], "user_metadata": {}, "sdk_version": "x", "bogus": 1},
                        headers=key)
     assert extra.status_code == 400 and extra.json()["field"] == "bogus"
+    # what the SDK refuses before sending, refused here too: the last N prompt positions without prompt logprobs
+    tail_only = {"prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]}, "num_samples": 1,
+                 "sampling_params": {"max_tokens": 1}, "base_model": server["model"], "topk_prompt_logprobs": 2,
+                 "prompt_logprobs_last_n": 1, "type": "sample"}
+    answer = httpx.post(f"{url}/api/v1/asample", json=tail_only, headers=key)
+    assert answer.status_code == 400 and answer.json()["field"] == "prompt_logprobs_last_n", answer.text
     # the checkpoint routes: no way out of the run folder, paging that is no number
     runs = f"{url}/api/v1/training_runs"
     for outside in ("%2E%2E", ".", "s-none:sample:0"):

@@ -146,10 +146,8 @@ class TinkerApp:
         from tinker import types
 
         req = _typed(types.SampleRequest, body)
-        unsupported = {"topk_prompt_logprobs": req.topk_prompt_logprobs, "topk_sample_logprobs":
-                       req.topk_sample_logprobs, "prompt_alt_tokens_k": req.prompt_alt_tokens_k,
+        unsupported = {"prompt_alt_tokens_k": req.prompt_alt_tokens_k,
                        "target_prompt_logprobs": req.target_prompt_logprobs,
-                       "prompt_logprobs_last_n": req.prompt_logprobs_last_n,
                        "record_stability_info": req.record_stability_info}
         for name, value in unsupported.items():
             if value:
@@ -164,7 +162,10 @@ class TinkerApp:
         stop = [sp.stop] if isinstance(sp.stop, str) else (list(sp.stop) if sp.stop is not None else None)
         call = SampleCall(prompt=prompt, num_samples=req.num_samples, max_tokens=sp.max_tokens,
                           temperature=float(sp.temperature), top_p=float(sp.top_p), top_k=int(sp.top_k),
-                          seed=sp.seed, stop=stop, prompt_logprobs=bool(req.prompt_logprobs))
+                          seed=sp.seed, stop=stop, prompt_logprobs=bool(req.prompt_logprobs),
+                          topk_prompt_logprobs=int(req.topk_prompt_logprobs or 0),
+                          topk_sample_logprobs=int(req.topk_sample_logprobs or 0),
+                          prompt_logprobs_last_n=req.prompt_logprobs_last_n)
         request_id, sequence_ids = self.service.sample(req.sampling_session_id, req.seq_id, req.model_path,
                                                        req.base_model, call)
         return _future(request_id, sequence_ids=sequence_ids)

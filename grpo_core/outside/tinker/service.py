@@ -32,7 +32,9 @@ from grpo_core.outside.tinker import checkpoints
 from grpo_core.outside.tinker.errors import TinkerRequestError, not_found
 from grpo_core.outside.tinker.futures import FutureTable, Outcome
 from grpo_core.outside.tinker.step_log import StepLog
-from grpo_core.outside.tinker.snapshots import SampleCall, SamplerSettings, Snapshot, SnapshotSampler, check_sample_call
+from grpo_core.outside.tinker.snapshots import (
+    SampleCall, SampleResult, SamplerSettings, Snapshot, SnapshotSampler, check_sample_call,
+)
 from grpo_core.outside.tinker.trainee import AdamStep, Trainee, TraineeSpec, read_state
 from grpo_core.outside.tinker.wire import ForwardBackwardCall, forward_backward_output, sample_response
 from grpo_core.run.metric_sinks import SinkSettings
@@ -478,9 +480,8 @@ class TinkerService:
         return request_id, [f"{prefix}:{i}" for i in range(call.num_samples)]
 
 
-def _sampled(result) -> Outcome:
-    sequences, prompt_logprobs = result
-    return Outcome(proto=sample_response(sequences, prompt_logprobs))
+def _sampled(result: SampleResult) -> Outcome:
+    return Outcome(proto=sample_response(result.sequences, result.prompt_logprobs, result.topk_prompt))
 
 
 def _failure(exc: Exception) -> Outcome:

@@ -18,10 +18,11 @@ from grpo_core.config import VLLM_LORA_RANKS
 from grpo_core.engine.rollout.sampler import SamplerSpec, VLLMSampler, sampled_logprobs
 from grpo_core.outside.tinker.errors import TinkerRequestError
 from grpo_core.outside.tinker.trainee import ATTENTION, MLP
-from grpo_core.outside.tinker.wire import SampledTokens
+from grpo_core.outside.tinker.wire import SampledTokens, TopK, top_k
 
 SEED_LIMIT = 2**63
-SampleResult = tuple[list[SampledTokens], "list[float | None] | None"]
+# vLLM's own bound on logprobs per position (its engine refuses more): the most a top-k field may ask for.
+TOPK_LIMIT = 20
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,23 @@ class SampleCall:
     seed: int | None
     stop: list[int] | list[str] | None  # None: stop at EOS; []: never stop before max_tokens
     prompt_logprobs: bool
+    topk_prompt_logprobs: int = 0  # the k most likely tokens at each prompt position (0: none)
+    topk_sample_logprobs: int = 0  # the k most likely tokens at each sampled position (0: none)
+    prompt_logprobs_last_n: int | None = None  # score only the prompt's last N positions (None: all but the first)
+
+    @property
+    def scores_prompt(self) -> bool:
+        return self.prompt_logprobs or self.topk_prompt_logprobs > 0
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """One request's answer: its sequences, and its prompt's logprobs and top-k when asked (None at the positions not
+    scored: the first, and those before ``prompt_logprobs_last_n``)."""
+
+    sequences: list[SampledTokens]
+    prompt_logprobs: list[float | None] | None = None
+    topk_prompt: TopK | None = None
 
 
 @dataclass(frozen=True)
@@ -133,8 +151,9 @@ class SnapshotSampler:
             n=call.num_samples, max_tokens=call.max_tokens if call.max_tokens is not None else room,
             temperature=call.temperature, top_p=call.top_p, top_k=call.top_k if call.top_k > 0 else 0,
             seed=call.seed, stop_token_ids=stop_ids or None, stop=stop_texts or None,
-            include_stop_str_in_output=True, ignore_eos=call.stop == [], logprobs=0, flat_logprobs=True,
-            detokenize=bool(stop_texts), prompt_logprobs=0 if call.prompt_logprobs else None)
+            include_stop_str_in_output=True, ignore_eos=call.stop == [], flat_logprobs=True,
+            detokenize=bool(stop_texts), logprobs=call.topk_sample_logprobs,
+            prompt_logprobs=call.topk_prompt_logprobs if call.scores_prompt else None)
 
     def sample(self, snapshot: Snapshot, call: SampleCall) -> SampleResult:
         """``call.num_samples`` sequences of one prompt (their tokens with the stop token, and logprobs), and the
@@ -168,13 +187,20 @@ def _result(out, call: SampleCall) -> SampleResult:
     sequences = []
     for completion in out.outputs:
         tokens = list(completion.token_ids)
+        topk = top_k(list(completion.logprobs), call.topk_sample_logprobs) if call.topk_sample_logprobs else None
         sequences.append(SampledTokens(tokens=tokens, logprobs=sampled_logprobs(completion, tokens),
-                                       stop_reason="length" if completion.finish_reason == "length" else "stop"))
+                                       stop_reason="length" if completion.finish_reason == "length" else "stop",
+                                       topk=topk))
+    if not call.scores_prompt:
+        return SampleResult(sequences)
+    first = len(call.prompt) - call.prompt_logprobs_last_n if call.prompt_logprobs_last_n else 1
+    entries = [entry if i >= first else None for i, entry in enumerate(out.prompt_logprobs)]
     prompt_logprobs = None
     if call.prompt_logprobs:
-        prompt_logprobs = [None] + [_logprob_of(entry, tok) for entry, tok in
-                                    zip(out.prompt_logprobs[1:], call.prompt[1:])]
-    return sequences, prompt_logprobs
+        prompt_logprobs = [None if entry is None else _logprob_of(entry, tok)
+                           for entry, tok in zip(entries, call.prompt)]
+    topk = top_k(entries, call.topk_prompt_logprobs) if call.topk_prompt_logprobs else None
+    return SampleResult(sequences, prompt_logprobs, topk)
 
 
 def _logprob_of(entry, token: int) -> float:
@@ -213,6 +239,17 @@ def check_sample_call(call: SampleCall, vocab_size: int, max_model_len: int) -> 
     if call.seed is not None and not 0 <= call.seed <= SEED_LIMIT - call.num_samples:
         raise TinkerRequestError(f"sampling_params.seed is {call.seed}; 0 <= seed and seed + num_samples - 1 < 2**63",
                                  field="sampling_params.seed")
+    for name in ("topk_prompt_logprobs", "topk_sample_logprobs"):
+        if not 0 <= getattr(call, name) <= TOPK_LIMIT:
+            raise TinkerRequestError(f"{name} is {getattr(call, name)}; 0 (none) to {TOPK_LIMIT}", field=name)
+    last_n = call.prompt_logprobs_last_n
+    if last_n is not None:
+        if not call.prompt_logprobs:  # the SDK's own rule (it refuses the call before sending it)
+            raise TinkerRequestError("prompt_logprobs_last_n needs prompt_logprobs", field="prompt_logprobs_last_n")
+        if not 1 <= last_n <= len(call.prompt) - 1:
+            raise TinkerRequestError(f"prompt_logprobs_last_n is {last_n}; 1 to {len(call.prompt) - 1} for a prompt of "
+                                     f"{len(call.prompt)} tokens (the first has no context)",
+                                     field="prompt_logprobs_last_n")
     if call.stop:
         if len(call.stop) > 16:
             raise TinkerRequestError(f"sampling_params.stop has {len(call.stop)} entries; at most 16",

@@ -154,23 +154,65 @@ def forward_backward_output(outputs: dict[str, list[np.ndarray]], count: int, me
     return msg.SerializeToString()
 
 
+# The SDK's filler for a top-k slot with no token (a position not scored, or fewer than k candidates).
+TOPK_EMPTY_TOKEN, TOPK_EMPTY_LOGPROB = 0, -99999.0
+
+
+@dataclass(frozen=True)
+class TopK:
+    """The k most likely tokens at each position, most likely first: two [positions, k] arrays (int32 ids, float32
+    logprobs), empty slots filled as the SDK reads them (token 0, logprob -99999)."""
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+
+
+def top_k(positions: list, k: int) -> TopK:
+    """``positions``: vLLM's logprobs, one ``{token: Logprob}`` entry per position (None: not scored), each holding
+    the top ``k`` by rank and the position's own token at whatever rank it has."""
+    ids = np.full((len(positions), k), TOPK_EMPTY_TOKEN, dtype="<i4")
+    values = np.full((len(positions), k), TOPK_EMPTY_LOGPROB, dtype="<f4")
+    for i, entry in enumerate(positions):
+        if not entry:
+            continue
+        ranked = sorted((lp.rank, token, lp.logprob) for token, lp in entry.items() if lp.rank is not None
+                        and lp.rank <= k)
+        for j, (_, token, logprob) in enumerate(ranked[:k]):
+            ids[i, j], values[i, j] = token, logprob if math.isfinite(logprob) else TOPK_EMPTY_LOGPROB
+    return TopK(ids, values)
+
+
+def _topk_message(msg, topk: TopK) -> None:
+    length, k = topk.token_ids.shape
+    msg.CopyFrom(_pb().TopkLogprobs(token_ids=topk.token_ids.tobytes(), logprobs=topk.logprobs.tobytes(), k=k,
+                                    length=length))
+
+
 @dataclass(frozen=True)
 class SampledTokens:
-    """One sampled sequence: its tokens (the stop token included) and their sampler logprobs."""
+    """One sampled sequence: its tokens (the stop token included), their sampler logprobs, and the top k at each
+    position when asked."""
 
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str  # "stop" (EOS or a stop sequence) or "length"
+    topk: TopK | None = None
 
 
-def sample_response(sequences: list[SampledTokens], prompt_logprobs: list[float | None] | None) -> bytes:
+def sample_response(sequences: list[SampledTokens], prompt_logprobs: list[float | None] | None,
+                    topk_prompt: TopK | None = None) -> bytes:
     pb = _pb()
     msg = pb.SampleResponse()
     for seq in sequences:
-        msg.sequences.add(stop_reason=pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH,
-                          tokens=np.asarray(seq.tokens, dtype="<i4").tobytes(),
-                          logprobs=np.asarray(seq.logprobs, dtype="<f4").tobytes())
+        added = msg.sequences.add(
+            stop_reason=pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH,
+            tokens=np.asarray(seq.tokens, dtype="<i4").tobytes(),
+            logprobs=np.asarray(seq.logprobs, dtype="<f4").tobytes())
+        if seq.topk is not None:
+            _topk_message(added.topk_sampled_logprobs, seq.topk)
     if prompt_logprobs is not None:
         values = [math.nan if v is None else v for v in prompt_logprobs]
         msg.prompt_logprobs = np.asarray(values, dtype="<f4").tobytes()
+    if topk_prompt is not None:
+        _topk_message(msg.topk_prompt_logprobs, topk_prompt)
     return msg.SerializeToString()
