@@ -12,13 +12,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from grpo_core.config import VLLM_LORA_RANKS
 from grpo_core.engine.rollout.sampler import SamplerSpec, VLLMSampler, sampled_logprobs
 from grpo_core.outside.tinker.errors import TinkerRequestError
 from grpo_core.outside.tinker.trainee import ATTENTION, MLP
-from grpo_core.outside.tinker.wire import SampledTokens, TopK, top_k
+from grpo_core.outside.tinker.wire import TOPK_EMPTY_LOGPROB, TOPK_EMPTY_TOKEN, SampledTokens, TopK
 
 SEED_LIMIT = 2**63
 # vLLM's own bound on logprobs per position (its engine refuses more): the most a top-k field may ask for.
@@ -201,6 +202,22 @@ def _result(out, call: SampleCall) -> SampleResult:
                            for entry, tok in zip(entries, call.prompt)]
     topk = top_k(entries, call.topk_prompt_logprobs) if call.topk_prompt_logprobs else None
     return SampleResult(sequences, prompt_logprobs, topk)
+
+
+def top_k(positions: list, k: int) -> TopK:
+    """The wire's top-k matrices from vLLM's logprobs, read here beside the engine's other outputs. ``positions``:
+    one ``{token: Logprob}`` entry per position (None: not scored), each holding the top ``k`` by rank and the
+    position's own token at whatever rank it has."""
+    ids = np.full((len(positions), k), TOPK_EMPTY_TOKEN, dtype="<i4")
+    values = np.full((len(positions), k), TOPK_EMPTY_LOGPROB, dtype="<f4")
+    for i, entry in enumerate(positions):
+        if not entry:
+            continue
+        ranked = sorted((lp.rank, token, lp.logprob) for token, lp in entry.items() if lp.rank is not None
+                        and lp.rank <= k)
+        for j, (_, token, logprob) in enumerate(ranked[:k]):
+            ids[i, j], values[i, j] = token, logprob if math.isfinite(logprob) else TOPK_EMPTY_LOGPROB
+    return TopK(ids, values)
 
 
 def _logprob_of(entry, token: int) -> float:

@@ -167,21 +167,6 @@ class TopK:
     logprobs: np.ndarray
 
 
-def top_k(positions: list, k: int) -> TopK:
-    """``positions``: vLLM's logprobs, one ``{token: Logprob}`` entry per position (None: not scored), each holding
-    the top ``k`` by rank and the position's own token at whatever rank it has."""
-    ids = np.full((len(positions), k), TOPK_EMPTY_TOKEN, dtype="<i4")
-    values = np.full((len(positions), k), TOPK_EMPTY_LOGPROB, dtype="<f4")
-    for i, entry in enumerate(positions):
-        if not entry:
-            continue
-        ranked = sorted((lp.rank, token, lp.logprob) for token, lp in entry.items() if lp.rank is not None
-                        and lp.rank <= k)
-        for j, (_, token, logprob) in enumerate(ranked[:k]):
-            ids[i, j], values[i, j] = token, logprob if math.isfinite(logprob) else TOPK_EMPTY_LOGPROB
-    return TopK(ids, values)
-
-
 def _topk_message(msg, topk: TopK) -> None:
     length, k = topk.token_ids.shape
     msg.CopyFrom(_pb().TopkLogprobs(token_ids=topk.token_ids.tobytes(), logprobs=topk.logprobs.tobytes(), k=k,
