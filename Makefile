@@ -39,7 +39,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Material for MkDocs prints a banner about its successor on every build
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs docs-check envs run-sft run-distill run-retrain run-atropos run-openenv run-verifiers run-smollm2-atropos run-tinker run run-base run-code run-tools run-rm run-smollm2 model-smollm2 test test-quick test-e2e test-long test-cluster ui-check install models lock bench bench-peers clean stack-up stack-down
+.PHONY: docs docs-check envs run-sft run-distill run-retrain run-atropos run-openenv run-verifiers run-smollm2-atropos run-tinker run run-base run-code run-tools run-rm run-ppo run-smollm2 model-smollm2 test test-quick test-e2e test-long test-cluster ui-check install models lock bench bench-peers clean stack-up stack-down
 
 # The stamp is newer than the lock and pyproject once installed: a second `make` skips the install.
 # infra/venv.sh installs the lock's exact pins with uv (seconds), or with pip where uv cannot be had (minutes).
@@ -96,6 +96,10 @@ run-code: $(STAMP)
 # The tiny base (a family of short arithmetic forms) learns a form held out of its warm-up: `What is a plus b?`.
 run-base: $(STAMP)
 	$(BIN)/grpo train --config configs/tiny-base.yaml --set run_name=tiny-base-$$(date +%Y%m%d-%H%M%S)
+
+# PPO with a critic: one answer per prompt, a value model trained beside the policy for its baseline.
+run-ppo: $(STAMP)
+	$(BIN)/grpo train --config configs/tiny-ppo.yaml --set run_name=tiny-ppo-$$(date +%Y%m%d-%H%M%S)
 
 # Multi-turn GRPO with a tool: the tiny policy learns to call the calculator for products it cannot compute.
 run-tools: $(STAMP)

@@ -259,7 +259,8 @@ def make_learner(args, model_dir: Path, micro: int, liger: bool):
     import torch
 
     from grpo_core.config import AlgoConfig, TrainConfig
-    from grpo_core.engine.train.learner import Learner, LearnerSpec, _apply_fused_kernels, _lr_lambda
+    from grpo_core.engine.train.ds_engine import lr_lambda
+    from grpo_core.engine.train.learner import Learner, LearnerSpec, _apply_fused_kernels
 
     gas = args.sequences // micro
     spec = LearnerSpec(model_path=str(model_dir), dtype=args.dtype, seed=0, total_steps=1000,
@@ -282,7 +283,7 @@ def make_learner(args, model_dir: Path, micro: int, liger: bool):
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay,
                             fused=device.type == "cuda")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(train, spec.total_steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train, spec.total_steps))
     learner.spec, learner.algo, learner.train_cfg = spec, algo, train
     learner.engine = PlainEngine(model, opt, sched, train.grad_clip, gas, device)
     learner.optimizer, learner.scheduler, learner.device, learner.ref_model = opt, sched, device, None

@@ -107,6 +107,26 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
         ("top_k_kl", "on-policy distillation with distill.top_k: the learner's forward KL from the teacher's "
                      "top K (renormalised) to the policy per sampled token, averaged over the micro-batches"),
     ),
+    "Turn-level credit (algo.turn_credit: step_groups; columns only in such runs)": (
+        ("step_group_size_mean", "turns per step group (the group's turns taken from the same state), mean over "
+                                 "the batch's turns"),
+        ("step_grouped_frac", "share of the batch's turns whose state another episode of their group shares (the "
+                              "others get no step-level advantage)"),
+        ("step_adv_abs_mean", "mean |step-level advantage| over the batch's turns"),
+    ),
+    "PPO's critic (algo.preset: ppo; columns only in such runs)": (
+        ("value_loss", "the critic's clipped value loss (0.5 x squared error against GAE's returns, token mean), "
+                       "mean over its optimizer steps"),
+        ("value_clipfrac", "share of response tokens where the clipped value term (critic.value_clip) was the larger"),
+        ("value_explained_var", "1 - Var(returns - values) / Var(returns) of the critic's values before the update: "
+                                "1 predicts every return, 0 no better than their mean; None when every answer of the "
+                                "iteration scored alike (no spread to explain)"),
+        ("values_mean", "the critic's mean value over the trained tokens, before the update"),
+        ("returns_mean", "GAE's mean return over the trained tokens (the critic's target)"),
+        ("vpred_mean", "the critic's mean value during its update, mean over its micro-batches"),
+        ("critic_grad_norm", "the critic's gradient norm before clipping, mean over its optimizer steps"),
+        ("critic_lr", "the critic's learning rate after the update's last step"),
+    ),
     "Weight sync": (
         ("sync_tensors_checked", "after a checked sync (weights.check_every): tensors whose digest matched the "
                                  "learner's on every sampler (a mismatch fails the run); None when not checked"),

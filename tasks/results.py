@@ -148,6 +148,13 @@ ALGORITHM_METRICS = ("nll", "clipfrac", "clipfrac_low", "clipfrac_high", "approx
                      "mismatch_abs_logp_mean", "mismatch_abs_logp_max", "offpolicy_weight_mean",
                      "offpolicy_masked_frac", "offpolicy_capped_frac", "top_k_kl")
 
+# PPO's critic's metrics (the train stage's, a critic set): columns only in such a run's rows.
+CRITIC_METRICS = ("value_loss", "value_clipfrac", "value_explained_var", "values_mean", "returns_mean", "vpred_mean",
+                  "critic_grad_norm", "critic_lr")
+
+# Turn-level credit's metrics (the score stage's, algo.turn_credit: step_groups): columns only in such a run's rows.
+TURN_CREDIT_METRICS = ("step_group_size_mean", "step_grouped_frac", "step_adv_abs_mean")
+
 # On-policy distillation's metrics (the score stage's, distill set): columns only in a distillation run's rows.
 DISTILL_METRICS = ("reverse_kl", "teacher_logprob_mean", "teacher_agreement", "teacher_top_k_mass")
 
@@ -234,11 +241,13 @@ class IterationRecord:
             "reward_mean": scored.reward_mean, "accuracy_mean": scored.metric("reward_accuracy_mean"),
             **scored.component_means(),
             "distinct_frac": scored.metric("distinct_frac"),
-            **{name: scored.metrics[name] for name in DISTILL_METRICS if name in scored.metrics},
+            **{name: scored.metrics[name] for name in (*DISTILL_METRICS, *TURN_CREDIT_METRICS)
+               if name in scored.metrics},
             "loss": train.metrics["loss"], "grad_norm": train.metrics["grad_norm"], "lr": train.metrics["lr"],
             "padded_frac": train.metrics.get("padded_frac"),
             "computed_tokens_frac": train.metrics.get("computed_tokens_frac"),
             **{name: train.metrics.get(name) for name in ALGORITHM_METRICS},
+            **({name: train.metrics.get(name) for name in CRITIC_METRICS} if "value_loss" in train.metrics else {}),
             "response_length_mean": first.response_length_mean, "truncated_frac": first.truncated_frac,
             **({name: getattr(first, name) for name in EPISODE_METRICS} if first.turns_mean is not None else {}),
             **({name: getattr(first, name) for name in POOL_METRICS} if first.pool_active is not None else {}),

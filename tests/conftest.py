@@ -34,8 +34,8 @@ S3_TEST_BUCKET = "grpo-test"
 # vLLM and DeepSpeed in the test process itself: DeepSpeed keeps torch.distributed's first world group, which an
 # in-process vLLM engine's cleanup tears down, so a learner built after some of these modules fails ("Group ... is not
 # registered"). In file order, as one process runs them, they pass: they are one group.
-IN_PROCESS_ENGINES = ("test_envs", "test_learner", "test_learner_dp", "test_lora", "test_sampler", "test_tiny_model",
-                      "test_weights_gloo", "test_model_rewards_e2e", "test_real_model")
+IN_PROCESS_ENGINES = ("test_envs", "test_learner", "test_learner_dp", "test_critic", "test_lora", "test_sampler",
+                      "test_tiny_model", "test_weights_gloo", "test_model_rewards_e2e", "test_real_model")
 # What makes a test a "stack" test (not in `make test-quick`): it builds or loads a model, or starts Prefect's API.
 STACK_FIXTURES = {"tiny_model", "tiny_tools_model", "tiny_base_model", "smollm2_model", "prefect_harness"}
 

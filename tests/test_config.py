@@ -242,6 +242,11 @@ def test_a_model_path_that_is_not_an_hf_folder_is_refused_naming_the_field(tmp_p
             check_model_folder(build_config(_tree(model={"path": str(path)})))
     check_model_folder(build_config(_tree(model={"path": tiny_model}, data={"max_prompt_tokens": 96},
                                           rollout={"max_new_tokens": 16})))
+    # PPO's critic starts from a folder of its own when critic.path names one
+    with pytest.raises(ConfigError, match=r"critic.path=.* is not an HF model folder \(does not exist\)"):
+        check_model_folder(build_config(_tree(model={"path": tiny_model}, data={"max_prompt_tokens": 96},
+                                              rollout={"max_new_tokens": 16}, algo={"preset": "ppo"},
+                                              critic={"path": str(tmp_path / "missing")})))
     # a built-in policy missing: how to get it back
     with pytest.raises(ConfigError, match=r"tiny-code' is not an HF model folder \(does not exist\); it ships with "
                                           r"the project: restore it with `git checkout -- models/`"):

@@ -103,6 +103,20 @@ def test_a_group_whose_reward_is_not_finite_or_overflows_is_left_out_whole_and_c
     assert metrics["nonfinite_groups"] == 1.0 and all(math.isfinite(v) for v in metrics.values())
 
 
+@pytest.mark.parametrize("bad", [float("nan"), 1e308])
+def test_with_a_critic_each_answer_keeps_its_reward_for_the_learner_and_an_unfit_one_is_left_out(bad):
+    """PPO (G = 1 here): no group statistics; the learner computes per-token advantages from the shaped reward and
+    the critic's values, so the advantage column is 0. A reward the learner's float32 cannot hold is left out as
+    an overflowing group is."""
+    cfg = build_config({"model": {"path": "m"}, "data": {"train_path": "t"}, "algo": {"preset": "ppo"},
+                        "rollout": {"prompts_per_iteration": 4, "samples_per_prompt": 1}})
+    out, metrics = add_advantages(_scored_table([1.0, 0.0, bad, 1.0], acc=[1.0, 0.0, 1.0, 1.0]), cfg)
+    assert out.column("kept").to_pylist() == [True, True, False, True]
+    assert out.column("advantage").to_pylist() == [0.0] * 4
+    assert out.column("shaped_reward").to_pylist() == [1.0, 0.0, 0.0, 1.0]
+    assert metrics["nonfinite_groups"] == 1.0 and metrics["reward_mean"] == 0.5  # the left-out row as 0
+
+
 def test_the_learner_leaves_out_rows_whose_inputs_are_not_finite():
     """What reaches the learner with a NaN or an infinity (an advantage, a sampler logprob, a teacher's) is cleared
     from the loss mask and counted, at any depth of per-token lists; absent values are no fault."""

@@ -13,6 +13,9 @@ from another one; options it leaves out keep the AlgoConfig defaults (which equa
 - gspo:    GSPO: sequence-level ratio (length-normalised), clip ranges 3e-4 / 4e-4 from the paper, per-sequence
            mean of token means (which makes GSPO-token's gradient equal GSPO's).
 - rloo:    RLOO: leave-one-out baseline without std division, token-mean loss.
+- ppo:     PPO with a critic (verl's defaults): GAE advantages (gamma = lambda = 1) whitened over the batch, a value
+           model trained beside the policy (the critic section, clipped value loss 0.5), symmetric clip 0.2,
+           token-mean loss. Any group size, G = 1 included.
 """
 from __future__ import annotations
 
@@ -37,6 +40,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                       "loss_agg_mode": "seq_mean_token_mean"}},
     "rloo": {"algo": {**_COMMON_OFF, "advantage_estimator": "rloo", "advantage_scale": "none",
                       "clip_eps_low": 0.2, "clip_eps_high": 0.2, "loss_agg_mode": "token_mean"}},
+    "ppo": {"algo": {**_COMMON_OFF, "advantage_estimator": "gae", "advantage_scale": None, "gae_gamma": 1.0,
+                     "gae_lambda": 1.0, "clip_eps_low": 0.2, "clip_eps_high": 0.2, "loss_agg_mode": "token_mean"},
+            "critic": {}},
 }
 
 

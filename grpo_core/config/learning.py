@@ -144,11 +144,17 @@ class AlgoConfig(_Section):
     Every field maps onto an argument of a function in `grpo_core.algo`; docs/algorithms.md
     lists them with the preset that sets each. Defaults are the "grpo" preset's values.
     """
-    preset: Literal["grpo", "dapo", "dr_grpo", "gspo", "rloo"] = Field(
+    preset: Literal["grpo", "dapo", "dr_grpo", "gspo", "rloo", "ppo"] = Field(
         default="grpo", description="fills the algorithm fields it names (table below) under your config: a field "
                                     "you set yourself wins")
-    advantage_estimator: Literal["grpo", "dr_grpo", "rloo"] = Field(
-        default="grpo", description="baseline: group mean (grpo, dr_grpo) or leave-one-out mean (rloo)")
+    advantage_estimator: Literal["grpo", "dr_grpo", "rloo", "gae"] = Field(
+        default="grpo", description="baseline: group mean (grpo, dr_grpo), leave-one-out mean (rloo), or a learned "
+                                    "value per token (gae: PPO's critic, the critic section; whitened over the "
+                                    "batch)")
+    gae_gamma: float = Field(default=1.0, ge=0.0, le=1.0, description="gae: the discount per token")
+    gae_lambda: float = Field(default=1.0, ge=0.0, le=1.0, description="gae: GAE's lambda (1: the return minus "
+                                                                       "V(s_t); lower: more of the critic's "
+                                                                       "bootstrapped values)")
     advantage_scale: Literal["group_std", "batch_std", "none"] | None = Field(
         default=None, description="divide centred rewards by the unbiased group/batch std; None: the estimator's "
                                   "default (grpo: group_std, dr_grpo and rloo: none)")
@@ -203,6 +209,16 @@ class AlgoConfig(_Section):
         default=0.1, gt=0.0, description="nats per token above which offpolicy neg_adv_mask masks a "
                                          "negative-advantage row")
 
+    turn_credit: Literal["episode", "step_groups"] = Field(
+        default="episode", description="multi-turn episodes (env): every turn takes its episode's advantage "
+                                       "(episode), or also a step-level one (step_groups: GiGPO; the turns of the "
+                                       "group's episodes taken from the same state compared by their discounted "
+                                       "returns)")
+    turn_credit_weight: float = Field(default=1.0, ge=0.0, description="step_groups: weight of the step-level "
+                                                                       "advantage added to the episode's")
+    turn_discount: float = Field(default=0.95, ge=0.0, le=1.0, description="step_groups: discount per turn of a "
+                                                                          "turn's return (GiGPO's 0.95)")
+
     @model_validator(mode="after")
     def _ranges(self) -> "AlgoConfig":
         lo, hi = self.filter_range
@@ -213,6 +229,17 @@ class AlgoConfig(_Section):
             raise ValueError(f"algo.advantage_estimator='dr_grpo' divides by no std, but algo.advantage_scale="
                              f"{self.advantage_scale!r}; set advantage_scale to 'none' or use advantage_estimator="
                              "'grpo'")
+        if self.uses_critic and self.advantage_scale not in (None, "none"):
+            raise ValueError(f"algo.advantage_estimator='gae' (PPO's critic) whitens its per-token advantages over "
+                             f"the batch; algo.advantage_scale={self.advantage_scale!r} (yours or algo.preset="
+                             f"{self.preset}'s) does not apply: use algo.preset: ppo, or set advantage_scale: null")
+        if self.uses_critic and self.filter_groups:
+            raise ValueError("algo.filter_groups (dynamic sampling) drops groups whose answers all score alike, "
+                             "which have no group-relative signal; with a critic (advantage_estimator='gae') every "
+                             "answer has one: turn filter_groups off")
+        if self.uses_critic and self.turn_credit != "episode":
+            raise ValueError("algo.turn_credit=step_groups with a critic (advantage_estimator='gae'): the critic's "
+                             "values already give every token its own advantage; choose one")
         if self.kl_in_reward and self.kl_coeff == 0.0:
             raise ValueError("algo.kl_in_reward=true needs algo.kl_coeff > 0")
         low, high = self.offpolicy_band
@@ -220,6 +247,33 @@ class AlgoConfig(_Section):
             raise ValueError(f"algo.offpolicy_band must satisfy 0 < low <= 1 <= high (an on-policy token, ratio 1, "
                              f"is never masked), got {self.offpolicy_band}")
         return self
+
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether advantages come from a learned value function (PPO's GAE, computed by the learner) rather than
+        from each answer's group (computed when the batch is scored)."""
+        return self.advantage_estimator == "gae"
+
+    @property
+    def per_token_advantages(self) -> bool:
+        """Whether each token has an advantage of its own (a critic's, or a turn's with step_groups) rather than its
+        answer's one: what a correction reading one advantage's sign per row cannot take."""
+        return self.uses_critic or self.turn_credit != "episode"
+
+
+class CriticConfig(_Section):
+    """PPO's value model (``algo.advantage_estimator: gae``, set by ``algo.preset: ppo``): a causal LM's decoder with
+    a scalar head (transformers' ``AutoModelForTokenClassification``, one label, as verl's critic), trained in the
+    learner ranks beside the policy with an optimizer, checkpoint and resume of its own."""
+
+    path: str | None = Field(default=None, description="the model folder the critic starts from (its head is new "
+                                                       "unless the folder has one); None: model.path, the policy's")
+    lr: float | None = Field(default=None, gt=0.0, le=1.0, description="the critic's peak learning rate (AdamW, "
+                             "the policy's schedule, warm-up and betas); None: train.lr")
+    value_clip: float | None = Field(default=0.5, gt=0.0, description="a prediction may move this far from the "
+                                     "value it had before the update before the clipped term takes over (verl's "
+                                     "cliprange_value); None: the plain squared error")
 
 
 class TrainConfig(_Section):

@@ -32,6 +32,8 @@ def check_model_folder(cfg: GRPOConfig) -> None:
                           "causal language model: a policy must generate text")
     _check_context(cfg, hf.get("max_position_embeddings"))
     check_reward_model_folders(cfg.reward.models)
+    if cfg.critic is not None and cfg.critic.path is not None:
+        _hf_config("critic.path", cfg.critic.path)  # a model folder transformers can load a value model from
 
 
 def _check_context(cfg: GRPOConfig, context: int | None) -> None:

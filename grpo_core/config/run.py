@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, field_validator, model_validator
 
 from grpo_core.config.inputs import DEFAULT_EVAL_SET, DataConfig, EvalConfig, EvalDatasetConfig, ModelConfig
-from grpo_core.config.learning import AlgoConfig, DistillConfig, RewardConfig, SFTConfig, TrainConfig
+from grpo_core.config.learning import AlgoConfig, CriticConfig, DistillConfig, RewardConfig, SFTConfig, TrainConfig
 from grpo_core.config.resources import (CHAMPION, CheckpointConfig, ClusterConfig, GateConfig, LoggingConfig,
                                        RegistryConfig, StorageConfig, WeightsConfig)
 from grpo_core.config.sampling import AtroposConfig, EndpointConfig, EnvConfig, RolloutConfig
@@ -60,6 +60,9 @@ class GRPOConfig(_Section):
         default=None, description="on-policy distillation: a teacher model grades every sampled token, the "
                                   "per-token advantage its logprob minus the student's (None: the reward's "
                                   "advantages alone)")
+    critic: CriticConfig | None = Field(
+        default=None, description="PPO's value model, trained beside the policy (algo.advantage_estimator: gae; "
+                                  "algo.preset: ppo sets both); None: no critic")
     train: TrainConfig = Field(default_factory=TrainConfig, description="the optimizer and the learner's batches")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="placement of samplers and learners "
                                                                               "on Ray")
@@ -124,6 +127,16 @@ class GRPOConfig(_Section):
         return 1 + (self.algo.max_resample_times if self.algo.filter_groups else 0)
 
     @property
+    def critic_model_path(self) -> str | None:
+        """The folder PPO's critic starts from: critic.path, else the policy's (None: no critic)."""
+        return None if self.critic is None else self.critic.path or self.model.path
+
+    @property
+    def critic_lr(self) -> float | None:
+        """The critic's peak learning rate: critic.lr, else train.lr (None: no critic)."""
+        return None if self.critic is None else self.critic.lr or self.train.lr
+
+    @property
     def mini_batch_size(self) -> int:
         """Sequences per optimizer step."""
         return self.train.mini_batch_size or self.batch_size
@@ -159,12 +172,13 @@ class GRPOConfig(_Section):
     def resolved_algo(self) -> AlgoConfig:
         """``algo`` with the off-policy correction resolved (the config as given keeps ``None`` where the user
         set nothing): a cap alone asks for TIS, stale samplers (``rollout.max_staleness > 0``) get the async
-        default, and a capped kind without a cap gets ``DEFAULT_TIS_CAP``."""
+        default (token TIS where advantages are per token, a critic's or a turn's: the async default masks rows by
+        one advantage's sign), and a capped kind without a cap gets ``DEFAULT_TIS_CAP``."""
         a = self.algo
         kind = a.offpolicy
         if kind is None:
-            kind = "tis" if a.tis_cap is not None else \
-                DEFAULT_ASYNC_OFFPOLICY if self.rollout.max_staleness > 0 else "none"
+            stale = "tis" if a.per_token_advantages else DEFAULT_ASYNC_OFFPOLICY
+            kind = "tis" if a.tis_cap is not None else stale if self.rollout.max_staleness > 0 else "none"
         cap = DEFAULT_TIS_CAP if kind in CAPPED_OFFPOLICY and a.tis_cap is None else a.tis_cap
         return a.model_copy(update={"offpolicy": kind, "tis_cap": cap})
 
@@ -253,6 +267,10 @@ class GRPOConfig(_Section):
                              "reward.rewards must include 'accuracy'")
         self._check_placement()
         self._check_lora()
+        self._check_critic()
+        if self.algo.turn_credit != "episode" and self.env is None:
+            raise ValueError(f"algo.turn_credit={self.algo.turn_credit} gives each turn of a multi-turn episode its "
+                             f"own advantage: set env (multi-turn episodes)")
         if self.env is None and "env" in self.reward.rewards:
             raise ValueError("reward.rewards has 'env' (the environment's own reward) but no env is configured")
         if self.env is not None and (self.env.turn_tokens or 0) > self.rollout.max_new_tokens:
@@ -317,6 +335,20 @@ class GRPOConfig(_Section):
         if self.train.zero_stage == 3:
             raise ValueError("model.lora is not supported with train.zero_stage=3: the adapter and its optimizer "
                              "state are small, use train.zero_stage 0-2 (the frozen base is not partitioned)")
+
+    def _check_critic(self) -> None:
+        """A critic exactly when the advantages are GAE's."""
+        if self.algo.uses_critic and self.critic is None:
+            raise ValueError("algo.advantage_estimator='gae' learns a value function: set critic (e.g. critic: {}), "
+                             "or use algo.preset: ppo, which sets both")
+        if self.critic is not None and not self.algo.uses_critic:
+            raise ValueError(f"critic is set but algo.advantage_estimator={self.algo.advantage_estimator!r} takes "
+                             f"its baseline from each group: use advantage_estimator 'gae' (algo.preset: ppo), or "
+                             f"remove critic")
+        if self.algo.per_token_advantages and self.algo.offpolicy == "neg_adv_mask":
+            raise ValueError("algo.offpolicy=neg_adv_mask masks sequences by the sign of one advantage per sequence; "
+                             "a critic's or a turn's advantages are per token: choose another correction (tis, "
+                             "icepop, ...)")
 
     def _check_placement(self) -> None:
         c = self.cluster

@@ -91,8 +91,9 @@ class RunKind:
 
     def check(self, cfg: "GRPOConfig") -> None:
         """Raise ValueError when the config asks this kind for something it cannot do."""
-        if cfg.rollout.samples_per_prompt < 2:
-            raise ValueError("rollout.samples_per_prompt must be >= 2: group-relative advantages need a group")
+        if cfg.rollout.samples_per_prompt < 2 and not cfg.algo.uses_critic:
+            raise ValueError("rollout.samples_per_prompt must be >= 2: group-relative advantages need a group "
+                             "(or a critic: algo.preset: ppo)")
         if cfg.data.format == "chat":
             raise ValueError("data.format=chat holds conversations to fine-tune on: set sft (e.g. sft: {}) for an "
                              "SFT run, or use format math/code for RL prompts")
@@ -119,6 +120,10 @@ class Distillation(RunKind):
         if cfg.algo.kl_in_reward:
             raise ValueError("distill is set with algo.kl_in_reward: the KL-shaped reward's advantages (per sequence) "
                              "would replace the teacher's per-token advantages; use algo.kl_coeff as a loss term")
+        if cfg.algo.uses_critic or cfg.algo.turn_credit != "episode":
+            raise ValueError("distill is set with per-token advantages of another source (algo.advantage_estimator="
+                             "'gae' or algo.turn_credit=step_groups): the teacher's and theirs would each replace the "
+                             "other's; choose one")
         if cfg.algo.offpolicy == "neg_adv_mask":
             raise ValueError("distill is set with algo.offpolicy=neg_adv_mask, which masks sequences by the sign of "
                              "one advantage per sequence; the teacher's advantages are per token: choose another "
@@ -179,7 +184,7 @@ class SupervisedFineTuning(RunKind):
                    (cfg.data.sampler != "epoch", f"data.sampler={cfg.data.sampler}"),
                    (cfg.rollout.max_staleness > 0, "rollout.max_staleness > 0"),
                    (bool(cfg.data.few_shot), "data.few_shot"), (cfg.algo.kl_coeff > 0, "algo.kl_coeff > 0"),
-                   (cfg.train.ppo_epochs > 1, "train.ppo_epochs > 1"),
+                   (cfg.train.ppo_epochs > 1, "train.ppo_epochs > 1"), (cfg.critic is not None, "critic"),
                    (cfg.data.eval_path is not None, "data.eval_path (list eval sets under eval.datasets)")]
         named = [name for bad, name in refused if bad]
         if named:

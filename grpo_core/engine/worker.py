@@ -43,6 +43,7 @@ class EngineWorker(SamplerRole, LearnerRole):
         self.sampler = None
         self._episodes = None  # multi-turn runs: the sampler role's environments (grpo_core.envs)
         self.learner = None
+        self.critic = None  # PPO's value model beside the learner (critic section)
         self.startup_seconds = 0.0
         self._checkpoint: CheckpointWriter | None = None
         # (iteration, metrics) of the last update: a retried train call (its output write failed) must not step

@@ -12,6 +12,7 @@ import pyarrow as pa
 import torch
 
 from grpo_core.algo import compute_advantages, group_filter, overlong_mask, soft_overlong_penalty
+from grpo_core.pipeline.turn_credit import with_turn_credit
 from grpo_core.config import GRPOConfig
 from grpo_core.data.schemas import RESPONSE_MASK, ROLLOUT_SCHEMA
 from grpo_core.rewards.scorer import RewardResult, Scorer
@@ -90,6 +91,19 @@ def group_success(table: pa.Table, group_size: int) -> torch.Tensor | None:
     return torch.tensor(acc, dtype=torch.float64).view(-1, group_size)
 
 
+def _advantages(rewards: torch.Tensor, algo) -> tuple[torch.Tensor, dict[str, float]]:
+    """[N, G] each answer's advantage from its group's rewards. With a critic (``algo.uses_critic``: PPO's GAE) the
+    advantages are per token and the learner computes them from the critic's values and these (shaped) rewards, so
+    the column holds 0, except where a reward does not fit the learner's float32: inf, so that its group is left
+    out as an overflowing group's statistics are."""
+    if not algo.uses_critic:
+        return compute_advantages(rewards, algo.advantage_estimator, algo.advantage_scale)
+    unfit = ~torch.isfinite(rewards.float())
+    spread = float(rewards.std()) if rewards.numel() > 1 else 0.0
+    return torch.where(unfit, torch.full_like(rewards, math.inf), torch.zeros_like(rewards)), \
+        {"reward_mean": float(rewards.mean()), "reward_std": spread}
+
+
 def add_advantages(table: pa.Table, cfg: GRPOConfig) -> tuple[pa.Table, dict[str, float]]:
     """Soft overlong shaping, advantages, and the kept mask (unscored rows, overlong filter)."""
     algo, g = cfg.algo, cfg.rollout.samples_per_prompt
@@ -101,7 +115,7 @@ def add_advantages(table: pa.Table, cfg: GRPOConfig) -> tuple[pa.Table, dict[str
                                            algo.soft_overlong_penalty)
         rewards = rewards + penalty.view(-1, g)
         metrics.update(m)
-    advantages, m = compute_advantages(rewards, algo.advantage_estimator, algo.advantage_scale)
+    advantages, m = _advantages(rewards, algo)
     # Finite rewards whose statistics overflow (1e308 in a plugin's reward: the group's sum is inf) or whose
     # advantages do not fit the float32 the learner trains on: that group is left out whole, like a NaN reward, and
     # the advantages and their metrics computed again without it.
@@ -110,7 +124,7 @@ def add_advantages(table: pa.Table, cfg: GRPOConfig) -> tuple[pa.Table, dict[str
         rewards = torch.where(overflow.unsqueeze(1), torch.zeros_like(rewards), rewards)
         scored = scored & ~overflow.unsqueeze(1)
         metrics["nonfinite_groups"] += float(overflow.sum())
-        advantages, m = compute_advantages(rewards, algo.advantage_estimator, algo.advantage_scale)
+        advantages, m = _advantages(rewards, algo)
     metrics.update(m)
     kept = scored.reshape(-1).clone()
     if algo.overlong_filter:
@@ -125,4 +139,7 @@ def add_advantages(table: pa.Table, cfg: GRPOConfig) -> tuple[pa.Table, dict[str
     out = out.append_column("advantage", pa.array(advantages.reshape(-1).float().tolist(), pa.float32()))
     out = out.append_column("kept", pa.array(kept.tolist(), pa.bool_()))
     metrics["kept_frac"] = float(kept.float().mean())
+    if algo.turn_credit == "step_groups":  # multi-turn: each turn's own advantage, per token
+        out, m = with_turn_credit(out, g, algo.turn_credit_weight, algo.turn_discount)
+        metrics.update(m)
     return out, metrics

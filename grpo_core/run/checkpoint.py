@@ -312,10 +312,11 @@ def prune(store: RunStore, keep_last: int, newest: CheckpointRef) -> list[str]:
 
 def files_of_rank(rank: int) -> Callable[[str], bool]:
     """Which checkpoint files learner rank ``rank`` needs to restore: its own ZeRO partition and RNG states, the
-    shared module states and state.json (not the other ranks' partitions, nor the HF copy of the policy)."""
+    shared module states and state.json (not the other ranks' partitions, nor the HF copy of the policy); PPO's
+    critic's beside the policy's (``critic/``)."""
     def wanted(name: str) -> bool:
         base = name.rsplit("/", 1)[-1]
-        return name == STATE or (name.startswith("learner/") and (
+        return name == STATE or (name.startswith(("learner/", "critic/")) and (
             base == "mp_rank_00_model_states.pt" or f"_rank_{rank}_" in base or base == f"rng-rank-{rank}.pt"))
     return wanted
 

@@ -23,6 +23,7 @@ from grpo_core.infra.netaddr import listening_socket
 from grpo_core.engine.results import CheckpointStarted, FinalPolicy, Restored, TrainStep
 from grpo_core.run.storage import RunStore
 from grpo_core.engine.train.batch import finite_rows, pack_batch
+from grpo_core.engine.train.critic import Critic, CriticSpec, gae_batch_advantages
 from grpo_core.engine.train.learner import Learner, LearnerSpec
 from grpo_core.engine.weights_digest import Receipt, WeightsDigest
 from grpo_core.weights.files import FilesTransport
@@ -78,6 +79,7 @@ class LearnerRole:
     store: RunStore
     learner_rank: int | None
     learner: Learner | None
+    critic: Critic | None
     transport: Transport
     _catch_up: FilesTransport
     _checkpoint: CheckpointWriter | None
@@ -115,6 +117,13 @@ class LearnerRole:
                         teacher_top_k_weight=cfg.teacher_top_k_weight),
             cfg.resolved_algo, cfg.train, micro_batch_size=cfg.micro_batch_size,
             grad_accum_steps=cfg.grad_accum_steps)
+        if cfg.critic is not None:
+            self.critic = Critic(
+                CriticSpec(model_path=cfg.critic_model_path, dtype=self.dtype, lr=cfg.critic_lr,
+                           value_clip=cfg.critic.value_clip,
+                           total_steps=cfg.iterations * cfg.optimizer_steps_per_iteration, lora=cfg.model.lora),
+                cfg.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps,
+                zero_stage=self.learner.zero_stage)
 
     def publish_weights(self, keep_versions: list[int]) -> Published | None:
         """Learner side of ``weights.transport`` (every learner rank together): make the current version
@@ -160,9 +169,17 @@ class LearnerRole:
                            token_advantages=data[TOKEN_ADVANTAGE] if per_token else None,
                            teacher_top=(data[TEACHER_TOP_IDS], data[TEACHER_TOP_LOGPROBS]) if top_k else None)
         extra: dict[str, float] = {}
-        if self.cfg.algo.kl_in_reward:
+        critic_targets = None
+        if self.critic is not None:
+            batch.advantages, critic_targets, extra = gae_batch_advantages(
+                self.critic, self.learner, batch, table.column("shaped_reward").to_pylist(), self.cfg.algo)
+        elif self.cfg.algo.kl_in_reward:
             batch.advantages, extra = self._kl_shaped_advantages(batch, table.column("shaped_reward").to_pylist())
-        metrics = self.learner.train_step(batch, rank=self.learner_rank, world_size=self.cfg.cluster.learners)
+        world = self.cfg.cluster.learners
+        metrics = self.learner.train_step(batch, rank=self.learner_rank, world_size=world)
+        if critic_targets is not None:
+            metrics.update(self.critic.train_step(batch, *critic_targets, rank=self.learner_rank, world_size=world,
+                                                  epochs=self.cfg.train.ppo_epochs))
         metrics.update(extra, rows_nonfinite=float(nonfinite))
         step = TrainStep(metrics, self.learner.version)
         self._last_train = (iteration, step)
@@ -205,6 +222,8 @@ class LearnerRole:
             raise RuntimeError(f"checkpoint {self._checkpoint.folder} is still being written; commit it first")
         started = time.perf_counter()
         snap = self.learner.snapshot(rank=self.learner_rank)
+        for path, state in self.critic.snapshot() if self.critic is not None else ():
+            snap.add_torch(path, state)
         if self.learner_rank != 0:
             self._joins_gather_only()
         else:
@@ -235,6 +254,8 @@ class LearnerRole:
             folder = checkpoint.download(self.store, ref, tmp, only=checkpoint.files_of_rank(rank))
             state = checkpoint.read_state(folder)
             self.learner.load_state(folder, rank=rank, policy_version=int(state["policy_version"]))
+            if self.critic is not None:
+                self.critic.load_state(folder)
         self._last_train = None
         return Restored(time.perf_counter() - started, self.learner.version)
 

@@ -7,10 +7,8 @@ mini-batch loss whatever the micro-batch size (DeepSpeed's own 1/GAS scaling is 
 """
 from __future__ import annotations
 
-import math
 import os
 import random
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from grpo_core.engine.train.batch import (TokenBatch, equal_counts, pack_row, pl
                                    token_logprobs, token_logprobs_and_entropy)
 from grpo_core.engine.train import segment_attention
 from grpo_core.engine.train.distributed import ensure_process_group, skip_inference_all_reduce_kernel
+from grpo_core.engine.train.ds_engine import capture_checkpoint, deepspeed_config, grad_norm, lr_lambda
 from grpo_core.engine.train.output_head import chunk_tokens_for, output_logprobs
 
 # DeepSpeed's checkpoint tag: its files live under <checkpoint>/learner/.
@@ -48,20 +47,6 @@ class LearnerSpec:
     pack_prompts: bool = True     # micro-batches as packed rows, each group's prompt once (train.pack_prompts)
     objective: str = "policy_gradient"  # what the step minimises (grpo_core.algo.objective.OBJECTIVES)
     teacher_top_k_weight: float = 0.0  # > 0: plus the forward KL to a distillation teacher's top K (distill.top_k)
-
-
-def _lr_lambda(train: TrainConfig, total_steps: int):
-    def factor(step: int) -> float:
-        if train.warmup_steps and step < train.warmup_steps:
-            return (step + 1) / train.warmup_steps
-        if train.lr_schedule == "constant":
-            return 1.0
-        span = max(1, total_steps - train.warmup_steps)
-        progress = min(1.0, (step - train.warmup_steps) / span)
-        if train.lr_schedule == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    return factor
 
 
 def _states_at(hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -99,23 +84,12 @@ class Learner:
         # Only what trains is in the optimizer (with LoRA: the adapters; the base has requires_grad False).
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=train.lr,
                                       betas=train.betas, weight_decay=train.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(train, spec.total_steps))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train, spec.total_steps))
         ensure_process_group()
         skip_inference_all_reduce_kernel()
         self.zero_stage = zero_stage_for(train, torch.distributed.get_world_size(), spec.dtype)
-        ds_config = {
-            "train_micro_batch_size_per_gpu": micro_batch_size,
-            "gradient_accumulation_steps": grad_accum_steps,
-            "gradient_clipping": train.grad_clip or 0.0,
-            "zero_optimization": {"stage": self.zero_stage},
-            "bf16": {"enabled": dtype == torch.bfloat16},
-            # bf16 weights, float32 master copy and optimizer state; at ZeRO-1 the gradients accumulate in float32 too
-            # (DeepSpeed's BF16 optimizer). Elsewhere DeepSpeed's default for the stage.
-            **({"data_types": {"grad_accum_dtype": "fp32"}} if dtype == torch.bfloat16 and self.zero_stage == 1
-               else {}),
-            "steps_per_print": 2**31 - 1,
-            "wall_clock_breakdown": False,
-        }
+        ds_config = deepspeed_config(train, micro_batch_size, grad_accum_steps, self.zero_stage,
+                                     bf16=dtype == torch.bfloat16)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
         self.device = self.engine.device
@@ -340,14 +314,14 @@ class Learner:
                     self.engine.backward(loss * world_size if world_size > 1 else loss, scale_wrt_gas=False)
                     # DeepSpeed records the pre-clip norm under ZeRO 1-3 only; without ZeRO it clips, unrecorded.
                     unrecorded = self.zero_stage == 0 and self.engine.is_gradient_accumulation_boundary()
-                    pre_clip = _grad_norm(self.engine.module) if unrecorded else None
+                    pre_clip = grad_norm(self.engine.module) if unrecorded else None
                     self.engine.step()
                     gathered.add({"loss": float(loss.detach())})
-                grad_norm = self.engine.get_global_grad_norm()
-                if grad_norm is None:
-                    grad_norm = pre_clip
-                if grad_norm is not None:
-                    grad_norms.append(float(grad_norm))
+                norm = self.engine.get_global_grad_norm()
+                if norm is None:
+                    norm = pre_clip
+                if norm is not None:
+                    grad_norms.append(float(norm))
                 self.version += 1
         out = gathered.result(steps=self.train_cfg.ppo_epochs * n_minis)  # by grpo_core.engine.train.step_metrics
         out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
@@ -403,25 +377,16 @@ class Learner:
         DeepSpeed's ``save_checkpoint`` runs as usual (it is a collective across ranks) but with a checkpoint
         engine that clones each state instead of writing it; the copies are written later by a
         ``CheckpointWriter`` while training goes on."""
-        capture = _CloningCheckpointEngine()
-        default = self.engine.checkpoint_engine
-        staging = tempfile.mkdtemp(prefix="grpo-ds-save-")  # DeepSpeed copies its recovery scripts in here
-        self.engine.checkpoint_engine = capture
-        try:
-            # With LoRA the frozen base is not saved: it is model.path, unchanged (only the adapter trains).
-            self.engine.save_checkpoint(staging, tag=LEARNER_TAG, save_latest=False,
-                                        exclude_frozen_parameters=self.spec.lora is not None)
-        finally:
-            self.engine.checkpoint_engine = default
-            shutil.rmtree(staging, ignore_errors=True)
+        # With LoRA the frozen base is not saved: it is model.path, unchanged (only the adapter trains).
+        saved = capture_checkpoint(self.engine, LEARNER_TAG, exclude_frozen=self.spec.lora is not None)
         snap = Snapshot()
         trainable = {n for n, p in self.engine.module.named_parameters() if p.requires_grad}
-        for path, state in capture.saved:
+        for path, state in saved:
             if self.spec.lora is not None and isinstance(state, dict) and isinstance(state.get("module"), dict):
                 # DeepSpeed's exclude_frozen_parameters keeps a tied output layer (a state-dict entry that is no
                 # named parameter): the module states keep the adapter alone.
                 state["module"] = type(state["module"])((k, v) for k, v in state["module"].items() if k in trainable)
-            snap.add_torch(os.path.relpath(path, staging), state)
+            snap.add_torch(path, state)
         snap.add_torch(f"{LEARNER_TAG}/rng-rank-{rank}.pt", _rng_state())
         return snap
 
@@ -514,42 +479,6 @@ def _apply_fused_kernels(model) -> None:
                                     fused_linear_cross_entropy=False)
 
 
-class _CloningCheckpointEngine:
-    """A DeepSpeed checkpoint engine that keeps a CPU copy of every state it is asked to save."""
-
-    def __init__(self):
-        self.saved: list[tuple[str, Any]] = []
-
-    def create(self, info) -> None:
-        pass
-
-    def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        os.makedirs(path, exist_ok=exist_ok)
-
-    def save(self, state_dict, path: str) -> None:
-        from deepspeed.checkpoint.utils import clone_tensors_for_torch_save
-
-        self.saved.append((path, clone_tensors_for_torch_save(state_dict)))
-
-    def load(self, path: str, map_location=None):
-        return torch.load(path, map_location=map_location, weights_only=False)
-
-    def commit(self, info) -> bool:
-        return True
-
-    def is_decoupled(self) -> bool:
-        return False
-
-    def preserves_storage_sharing(self) -> bool:
-        return False  # every tensor is cloned on its own already
-
-    def is_data_parallel_writer(self, dp_rank: int) -> bool:
-        return dp_rank == 0
-
-    def cleanup(self) -> None:
-        pass
-
-
 def _rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -563,9 +492,3 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _grad_norm(module: torch.nn.Module) -> float:
-    """The L2 norm of all gradients of `module` (at a step boundary: accumulated, and all-reduced over ranks)."""
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
-    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0

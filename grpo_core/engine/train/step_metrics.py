@@ -32,6 +32,15 @@ REDUCTIONS: dict[str, Reduction] = {
     "grad_norm": Reduction(ranks="same"),
     "lr": Reduction(ranks="same"),
     "optimizer_steps": Reduction(ranks="same"),
+    # PPO's critic (grpo_core.engine.train.critic): its loss as the policy's; the GAE figures are computed on the
+    # whole batch by every rank
+    "value_loss": Reduction(micro="step_sum", ranks="sum"),
+    "critic_grad_norm": Reduction(ranks="same"),
+    "critic_lr": Reduction(ranks="same"),
+    "critic_seconds": Reduction(ranks="max"),
+    "returns_mean": Reduction(ranks="same"),
+    "values_mean": Reduction(ranks="same"),
+    "value_explained_var": Reduction(ranks="same"),
 }
 
 
