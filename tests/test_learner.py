@@ -352,12 +352,12 @@ def test_torch_threads_are_pinned_even_after_vllm_disables_torch_set_num_threads
         torch._C.set_num_threads(before)
 
 
-def test_the_states_at_response_positions_have_a_gradient_with_the_same_bits_every_time():
+def test_thestates_at_response_positions_have_a_gradient_with_the_same_bits_every_time():
     """Packed rows repeat positions (a shared prompt's last one predicts every response's first token). The gather
     of the hidden states there is an index_select: its backward sums repeated positions in index order, where
     advanced indexing's backward adds them with atomics from several threads, in an order that changes from run to
     run (seen: runs on a loaded machine stopped being bit-identical)."""
-    from grpo_core.engine.train.learner import _states_at
+    from grpo_core.engine.train.learner import states_at
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(8, 64, 32, generator=g)
@@ -366,10 +366,10 @@ def test_the_states_at_response_positions_have_a_gradient_with_the_same_bits_eve
 
     def grad() -> torch.Tensor:
         x = hidden.clone().requires_grad_()
-        (_states_at(x, rows, cols) * weights).sum().backward()
+        (states_at(x, rows, cols) * weights).sum().backward()
         return x.grad
 
-    assert torch.equal(_states_at(hidden, rows, cols), hidden[rows, cols])
+    assert torch.equal(states_at(hidden, rows, cols), hidden[rows, cols])
     first = grad()
     assert all(torch.equal(first, grad()) for _ in range(20))
     exact = torch.zeros(8, 64, 32, dtype=torch.float64).index_put_((rows, cols), weights.double(), accumulate=True)

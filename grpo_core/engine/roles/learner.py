@@ -121,7 +121,8 @@ class LearnerRole:
             self.critic = Critic(
                 CriticSpec(model_path=cfg.critic_model_path, dtype=self.dtype, lr=cfg.critic_lr,
                            value_clip=cfg.critic.value_clip,
-                           total_steps=cfg.iterations * cfg.optimizer_steps_per_iteration, lora=cfg.model.lora),
+                           total_steps=cfg.iterations * cfg.optimizer_steps_per_iteration, lora=cfg.model.lora,
+                           pack=cfg.train.pack_prompts),
                 cfg.train, micro_batch_size=cfg.micro_batch_size, grad_accum_steps=cfg.grad_accum_steps,
                 zero_stage=self.learner.zero_stage)
 

@@ -12,5 +12,5 @@ def pin_torch_threads(threads: int) -> None:
     GEMMs and reductions would then run on one thread for the rest of the process. Pinned before every computing
     call, every process computes with the thread count it was given. (The run-to-run differences once blamed on this,
     grad norm 1.8042385578 against 1.8042386770 on SmolLM2, were the atomic adds of advanced indexing's backward:
-    ``grpo_core.engine.train.learner._states_at``.)"""
+    ``grpo_core.engine.train.learner.states_at``.)"""
     torch._C.set_num_threads(threads)

@@ -18,9 +18,11 @@ import torch
 from grpo_core.algo import loss_denominator
 from grpo_core.algo.value import value_loss
 from grpo_core.config import LoraConfig, TrainConfig
-from grpo_core.engine.train.batch import TokenBatch
-from grpo_core.engine.train.distributed import ensure_process_group
+from grpo_core.engine.train import segment_attention
+from grpo_core.engine.train.batch import TokenBatch, pack_row
+from grpo_core.engine.train.distributed import ensure_process_group, skip_inference_all_reduce_kernel
 from grpo_core.engine.train.ds_engine import capture_checkpoint, deepspeed_config, grad_norm, lr_lambda
+from grpo_core.engine.train.learner import states_at
 from grpo_core.engine.train.step_metrics import MicroBatchMetrics
 
 if TYPE_CHECKING:
@@ -38,6 +40,7 @@ class CriticSpec:
     value_clip: float | None = 0.5
     total_steps: int = 1  # optimizer steps in the run (the policy's), for the lr schedule
     lora: LoraConfig | None = None  # the policy's LoRA: the critic trains adapters of the same shape and its head
+    pack: bool = True  # train.pack_prompts: each micro-batch's forward as one packed row (not under ZeRO-3)
 
 
 class Critic:
@@ -53,7 +56,10 @@ class Critic:
         # is a regression target, and the step must not depend on the RNG (exact resume).
         config = AutoConfig.from_pretrained(spec.model_path, num_labels=1)
         config.classifier_dropout = 0.0
-        model = AutoModelForTokenClassification.from_pretrained(spec.model_path, config=config, dtype=dtype)
+        model, loading = AutoModelForTokenClassification.from_pretrained(
+            spec.model_path, config=config, dtype=dtype, output_loading_info=True,
+            attn_implementation=segment_attention.register())
+        _zero_new_head(model, loading["missing_keys"])
         if train.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if spec.lora is not None:
@@ -63,6 +69,7 @@ class Critic:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train, spec.total_steps))
         self.zero_stage = zero_stage
         ensure_process_group()  # the learner's group (a world of one when built alone)
+        skip_inference_all_reduce_kernel()  # as the learner: never compile a kernel training does not call
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(train, micro_batch_size, grad_accum_steps, zero_stage, bf16=spec.dtype ==
@@ -72,9 +79,29 @@ class Critic:
         self.init_seconds = time.perf_counter() - started
 
     def _forward(self, mb: TokenBatch) -> torch.Tensor:
-        """[B, L-1] V(s_t) at every column (the value of the state before the token column t predicts), float32."""
-        out = self.engine(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
-        return out.logits[:, :-1, 0].float()
+        """[B, L-1] V(s_t) at the columns that predict a response token (the value of the state before that token is
+        sampled), float32; 0 elsewhere. As the policy's forward (``train.pack_prompts``): the micro-batch as one
+        packed row, each group's prompt once, and the head only where a value is read; the padded batch under
+        ZeRO-3 (its forward is a collective) or without packing."""
+        dev = self.device
+        shape = (len(mb), mb.input_ids.shape[1] - 1)
+        packed = None
+        if self.spec.pack and self.zero_stage != 3:
+            model = _value_model(self.engine)
+            packed = pack_row(mb, segment_attention.attention_width(model.config), segment_attention.call_cost(dev))
+        if packed is None or not packed.tokens:
+            out = self.engine(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev))
+            return out.logits[:, :-1, 0].float() * mb.response_mask.to(dev)
+        segment_attention.require(model)
+        decoder = getattr(model, model.base_model_prefix)
+        hidden = decoder(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
+                         attention_mask=torch.ones_like(packed.input_ids, device=dev), segments=packed.segments,
+                         use_cache=False).last_hidden_state
+        src = packed.src_pos.to(dev)
+        values = model.score(states_at(hidden, torch.zeros_like(src), src))[:, 0].float()
+        where = (packed.dst_row.to(dev), packed.dst_col.to(dev))
+        return torch.zeros(shape, dtype=torch.float32, device=dev).index_put(where, values) * \
+            mb.response_mask.to(dev)
 
     @torch.no_grad()
     def values(self, batch: TokenBatch) -> torch.Tensor:
@@ -85,7 +112,7 @@ class Critic:
         for start in range(0, len(batch), self.micro_batch_size):
             rows = torch.arange(start, min(start + self.micro_batch_size, len(batch)))
             mb = batch.select(rows).trimmed()
-            part = (self._forward(mb) * mb.response_mask.to(self.device)).cpu()
+            part = self._forward(mb).cpu()
             out[rows, :part.shape[1]] = part
         self.engine.train()
         return out
@@ -183,6 +210,27 @@ def gae_batch_advantages(critic: Critic, learner, batch: TokenBatch, rewards: li
     if mask.sum() >= 2:  # a batch of one trained token keeps its raw advantage (no spread to whiten by)
         advantages = whiten(advantages, mask)
     return advantages, (values, returns), metrics
+
+
+def _value_model(engine):
+    """The HF token-classification model inside the DeepSpeed engine and/or peft's wrapper."""
+    model = getattr(engine, "module", engine)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _zero_new_head(model, missing: list[str]) -> None:
+    """A value head the folder does not hold starts at zero (a head the folder holds, a reward model's, is kept).
+
+    Why not transformers' random init (verl's choice): a random head gives every token a random baseline about as
+    large as the rewards (SmolLM2: values of mean 0.94 and explained variance -2 against returns of 0 or 1), which
+    only adds variance until the critic has learned; on SmolLM2's arithmetic run it took held-out accuracy from
+    0.375 to 0.302 in four iterations. At zero, the first advantages are each answer's reward, whitened over the
+    batch (REINFORCE with the batch's mean as baseline), and the critic moves from there."""
+    head = [name for name in missing if name.split(".")[0] in ("score", "classifier")]
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name in head:
+                param.zero_()
 
 
 def _with_lora(model, lora: LoraConfig):

@@ -49,7 +49,7 @@ class LearnerSpec:
     teacher_top_k_weight: float = 0.0  # > 0: plus the forward KL to a distillation teacher's top K (distill.top_k)
 
 
-def _states_at(hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+def states_at(hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """``hidden[rows, cols]`` ([B, L, H] -> [N, H]) as an ``index_select`` of the flattened states, for its backward.
 
     Advanced indexing's backward is ``index_put_(accumulate=True)``, which on CPU adds repeated positions with atomic
@@ -135,13 +135,13 @@ class Learner:
                                       attention_mask=torch.ones_like(packed.input_ids, device=dev),
                                       segments=packed.segments, use_cache=False).last_hidden_state
             src = packed.src_pos.to(dev)
-            at = _states_at(hidden, torch.zeros_like(src), src)
+            at = states_at(hidden, torch.zeros_like(src), src)
             where, targets = (packed.dst_row.to(dev), packed.dst_col.to(dev)), packed.targets.to(dev)
         else:
             hidden = lm.get_decoder()(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
                                       use_cache=False).last_hidden_state
             rows, cols = (t.to(dev) for t in mb.response_mask.nonzero(as_tuple=True))
-            at, where, targets = _states_at(hidden, rows, cols), (rows, cols), mb.input_ids.to(dev)[rows, cols + 1]
+            at, where, targets = states_at(hidden, rows, cols), (rows, cols), mb.input_ids.to(dev)[rows, cols + 1]
         head = lm.get_output_embeddings()
         if teacher_top:  # the teacher's K tokens beside the sampled one: one logits chunk serves all K + 1
             targets = torch.cat([targets[:, None], mb.teacher_top_ids.to(dev)[where]], dim=1)
