@@ -149,9 +149,9 @@ def main() -> int:
     if args.compile:
         del learner, clock
         learner = build_learner(args)
-        from grpo_core.engine.train.learner import _causal_lm
+        from grpo_core.engine.train.learner import unwrapped
 
-        lm = _causal_lm(learner.engine)
+        lm = unwrapped(learner.engine)
         lm.model = torch.compile(lm.model, dynamic=True)
         clock = PhaseClock(learner.engine)
         started = time.perf_counter()

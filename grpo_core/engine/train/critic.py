@@ -21,8 +21,9 @@ from grpo_core.config import LoraConfig, TrainConfig
 from grpo_core.engine.train import segment_attention
 from grpo_core.engine.train.batch import TokenBatch, pack_row
 from grpo_core.engine.train.distributed import ensure_process_group, skip_inference_all_reduce_kernel
-from grpo_core.engine.train.ds_engine import capture_checkpoint, deepspeed_config, grad_norm, lr_lambda
-from grpo_core.engine.train.learner import states_at
+from grpo_core.engine.train.ds_engine import capture_checkpoint, deepspeed_config, lr_lambda
+from grpo_core.engine.train.ds_engine import step as ds_step
+from grpo_core.engine.train.learner import states_at, unwrapped, with_lora
 from grpo_core.engine.train.step_metrics import MicroBatchMetrics
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class Critic:
         if train.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if spec.lora is not None:
-            model = _with_lora(model, spec.lora)
+            model = with_lora(model, spec.lora, task_type="TOKEN_CLS")
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec.lr,
                                       betas=train.betas, weight_decay=train.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train, spec.total_steps))
@@ -87,7 +88,7 @@ class Critic:
         shape = (len(mb), mb.input_ids.shape[1] - 1)
         packed = None
         if self.spec.pack and self.zero_stage != 3:
-            model = _value_model(self.engine)
+            model = unwrapped(self.engine)
             packed = pack_row(mb, segment_attention.attention_width(model.config), segment_attention.call_cost(dev))
         if packed is None or not packed.tokens:
             out = self.engine(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev))
@@ -148,9 +149,7 @@ class Critic:
                                                clip=self.spec.value_clip, denominator=denominators[m])
                     gathered.add(metrics)
                     self.engine.backward(loss * world_size if world_size > 1 else loss, scale_wrt_gas=False)
-                    unrecorded = self.zero_stage == 0 and self.engine.is_gradient_accumulation_boundary()
-                    pre_clip = grad_norm(self.engine.module) if unrecorded else None
-                    self.engine.step()
+                    pre_clip = ds_step(self.engine, self.zero_stage)
                 norm = self.engine.get_global_grad_norm()
                 norm = pre_clip if norm is None else norm
                 if norm is not None:
@@ -212,12 +211,6 @@ def gae_batch_advantages(critic: Critic, learner, batch: TokenBatch, rewards: li
     return advantages, (values, returns), metrics
 
 
-def _value_model(engine):
-    """The HF token-classification model inside the DeepSpeed engine and/or peft's wrapper."""
-    model = getattr(engine, "module", engine)
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def _zero_new_head(model, missing: list[str]) -> None:
     """A value head the folder does not hold starts at zero (a head the folder holds, a reward model's, is kept).
 
@@ -231,13 +224,3 @@ def _zero_new_head(model, missing: list[str]) -> None:
         for name, param in model.named_parameters():
             if name in head:
                 param.zero_()
-
-
-def _with_lora(model, lora: LoraConfig):
-    """The value model wrapped by peft with the policy's LoRA shape; peft's token-classification task keeps the new
-    scalar head trainable in full (``modules_to_save``) and freezes the rest of the base."""
-    from peft import LoraConfig as PeftLoraConfig, get_peft_model
-
-    return get_peft_model(model, PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                target_modules=list(lora.target_modules), bias="none",
-                                                task_type="TOKEN_CLS"))

@@ -57,6 +57,15 @@ def grad_norm(module: torch.nn.Module) -> float:
     return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
 
+def step(engine, zero_stage: int) -> float | None:
+    """``engine.step()``; at a step boundary, the pre-clip gradient norm where DeepSpeed records none (without ZeRO it
+    clips unrecorded; under ZeRO 1-3 ``engine.get_global_grad_norm()`` has it). None: not a boundary, or recorded."""
+    unrecorded = zero_stage == 0 and engine.is_gradient_accumulation_boundary()
+    pre_clip = grad_norm(engine.module) if unrecorded else None
+    engine.step()
+    return pre_clip
+
+
 def capture_checkpoint(engine, tag: str, exclude_frozen: bool = False) -> list[tuple[str, Any]]:
     """The engine's whole DeepSpeed checkpoint (module, optimizer partitions, lr scheduler, step counters) copied to
     CPU memory now, as (path under the checkpoint folder, state) pairs under ``<tag>/``.

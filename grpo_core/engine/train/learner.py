@@ -27,7 +27,8 @@ from grpo_core.engine.train.batch import (TokenBatch, equal_counts, pack_row, pl
                                    token_logprobs, token_logprobs_and_entropy)
 from grpo_core.engine.train import segment_attention
 from grpo_core.engine.train.distributed import ensure_process_group, skip_inference_all_reduce_kernel
-from grpo_core.engine.train.ds_engine import capture_checkpoint, deepspeed_config, grad_norm, lr_lambda
+from grpo_core.engine.train.ds_engine import capture_checkpoint, deepspeed_config, lr_lambda
+from grpo_core.engine.train.ds_engine import step as ds_step
 from grpo_core.engine.train.output_head import chunk_tokens_for, output_logprobs
 
 # DeepSpeed's checkpoint tag: its files live under <checkpoint>/learner/.
@@ -80,7 +81,7 @@ class Learner:
         if spec.fused_kernels and torch.cuda.is_available():
             _apply_fused_kernels(model)
         if spec.lora is not None:
-            model = _with_lora(model, spec.lora)
+            model = with_lora(model, spec.lora)
         # Only what trains is in the optimizer (with LoRA: the adapters; the base has requires_grad False).
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=train.lr,
                                       betas=train.betas, weight_decay=train.weight_decay)
@@ -120,7 +121,7 @@ class Learner:
         temp = self.spec.temperature if temperature is None else temperature
         if self.zero_stage == 3:
             return self._full_logits_logprobs(model, mb, entropy, temp, teacher_top)
-        lm = _causal_lm(model)
+        lm = unwrapped(model)
         dev = self.device
         # Not under ZeRO-3 (above): its forward gathers each module's parameters in a collective, so every rank must
         # run the same modules in the same order (a rank whose micro-batch has no response token would not).
@@ -312,10 +313,7 @@ class Learner:
                     loss, metrics = self._micro_batch_loss(mb, old, ref, denom, norm_length)
                     gathered.add(metrics)
                     self.engine.backward(loss * world_size if world_size > 1 else loss, scale_wrt_gas=False)
-                    # DeepSpeed records the pre-clip norm under ZeRO 1-3 only; without ZeRO it clips, unrecorded.
-                    unrecorded = self.zero_stage == 0 and self.engine.is_gradient_accumulation_boundary()
-                    pre_clip = grad_norm(self.engine.module) if unrecorded else None
-                    self.engine.step()
+                    pre_clip = ds_step(self.engine, self.zero_stage)
                     gathered.add({"loss": float(loss.detach())})
                 norm = self.engine.get_global_grad_norm()
                 if norm is None:
@@ -451,21 +449,21 @@ class Learner:
         self.version = policy_version
 
 
-def _causal_lm(model):
+def unwrapped(model):
     """The HF causal LM inside a DeepSpeed engine and/or a peft wrapper (its submodules carry the LoRA layers)."""
     model = getattr(model, "module", model)
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _with_lora(model, lora: LoraConfig):
+def with_lora(model, lora: LoraConfig, task_type: str = "CAUSAL_LM"):
     """The HF model wrapped by peft with LoRA adapters on ``lora.target_modules``: peft freezes every base weight
     and initialises B = 0, so the policy at version 0 is exactly the base model (what the samplers serve before
-    the first adapter arrives)."""
+    the first adapter arrives). ``TOKEN_CLS`` (PPO's critic): peft also trains the new scalar head in full."""
     from peft import LoraConfig as PeftLoraConfig, get_peft_model
 
     return get_peft_model(model, PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                                 target_modules=list(lora.target_modules), bias="none",
-                                                task_type="CAUSAL_LM"))
+                                                task_type=task_type))
 
 
 def _apply_fused_kernels(model) -> None:
