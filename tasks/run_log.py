@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from typing import Iterator
@@ -121,3 +122,4 @@ def run_logging(cfg: GRPOConfig, store: RunStore, console: Console) -> Iterator[
         if staging is not None:
             for name in sorted(os.listdir(staging)):
                 store.put_file(f"{LOGS}/{name}", os.path.join(staging, name))
+            shutil.rmtree(staging)  # uploaded: the copy kept is the store's

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -247,6 +248,19 @@ def test_a_model_path_that_is_not_an_hf_folder_is_refused_naming_the_field(tmp_p
         check_model_folder(build_config(_tree(model={"path": tiny_model}, data={"max_prompt_tokens": 96},
                                               rollout={"max_new_tokens": 16}, algo={"preset": "ppo"},
                                               critic={"path": str(tmp_path / "missing")})))
+    # ... over the policy's vocabulary: the tiny reward model's is the tiny policy's (its head kept as a critic's)
+    ppo = dict(model={"path": tiny_model}, data={"max_prompt_tokens": 96}, rollout={"max_new_tokens": 16},
+               algo={"preset": "ppo"})
+    check_model_folder(build_config(_tree(**ppo, critic={"path": str(ROOT / "models/tiny-rm")})))
+    with pytest.raises(ConfigError, match=r"critic.path=.*tiny-code' has vocab_size=506 and model.path=.* "
+                                          r"vocab_size=393 .* must share the policy's tokenizer"):
+        check_model_folder(build_config(_tree(**ppo, critic={"path": str(ROOT / "models/tiny-code")})))
+    other = tmp_path / "other-tokenizer"
+    shutil.copytree(tiny_model, other)
+    shutil.copy(ROOT / "models/tiny-tools/tokenizer.json", other / "tokenizer.json")  # the same size, other ids
+    with pytest.raises(ConfigError, match=r"critic.path=.*other-tokenizer' has another tokenizer than model.path=.* "
+                                          r"\(token .*: (absent|id \d+) there, id \d+ in the policy's\)"):
+        check_model_folder(build_config(_tree(**ppo, critic={"path": str(other)})))
     # a built-in policy missing: how to get it back
     with pytest.raises(ConfigError, match=r"tiny-code' is not an HF model folder \(does not exist\); it ships with "
                                           r"the project: restore it with `git checkout -- models/`"):

@@ -118,3 +118,25 @@ def test_mlflow_holds_the_rows_in_the_run_folder_and_a_resume_continues_the_same
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
     assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "loss")) == \
         [(0, 0.5), (1, 1.5), (1, 9.0)]
+
+
+def test_a_remote_store_gets_the_event_files_and_the_local_staging_is_removed(s3_server, tmp_path, monkeypatch):
+    """With an S3 run folder the event files (and the run's log files, tasks/run_log.py) are written to a local
+    staging folder and uploaded when the sink closes; the staging folder goes with the upload, so a machine that
+    runs many remote runs does not fill its temporary folder."""
+    from rich.console import Console
+
+    from tasks.run_log import run_logging
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    cfg = load_config(None)
+    store = RunStore(f"s3://{s3_server['bucket']}/sinks-{tmp_path.name}", "run", s3_server["storage_options"])
+    with run_logging(cfg, store, Console(file=open(tmp_path / "terminal.txt", "w"))):
+        sinks = MetricSinks.of_run(cfg, store, start_step=0)
+        sinks.log({"iteration": 0, "loss": 0.5})
+        assert len(list(scratch.iterdir())) == 2  # the logs' staging and TensorBoard's, while the run goes on
+        sinks.close()
+    assert list(scratch.iterdir()) == []
+    assert store.fs.ls(f"{store.uri}/tensorboard") and store.fs.ls(f"{store.uri}/logs")

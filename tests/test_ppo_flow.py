@@ -1,15 +1,18 @@
 """PPO with a critic through the grpo-train flow on the tiny model (one answer per prompt): the critic trains beside
-the policy in the learner, its figures are in every row, its state in every checkpoint, and a run extended from
-its checkpoint ends bit-identical to one run straight through (the critic's weights and optimizer restored)."""
+the policy in the learner, its figures are in every row, its state in every checkpoint, and a run resumed after a
+SIGKILL inside an update ends bit-identical to one run straight through (the critic's weights and optimizer
+restored)."""
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
 import pytest
+import torch
 
+from grpo_core.run import checkpoint
 from grpo_core.run.storage import RunStore
-from tests.cli_runs import learning_rows, weights_differing
+from tests.cli_runs import kill_tree, learning_rows, start_cli, stop_once_listed, weights_differing
 from tests.conftest import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -58,17 +61,27 @@ def test_the_critic_trains_beside_the_policy_and_is_checkpointed_with_it(ppo_run
     assert result["final_eval_accuracy"] == rows[-1]["eval_accuracy"]
 
 
-@pytest.mark.e2e  # make test: the run itself, above; the critic's own resume: tests/test_critic.py
-def test_a_ppo_run_extended_from_its_checkpoint_is_bit_identical_to_one_run(ppo_run, tiny_model, tmp_path,
-                                                                           prefect_harness):
-    """Two iterations, then the same run raised to four: it resumes from iteration 1's checkpoint (the policy's
-    and the critic's DeepSpeed states) and ends as the run of four straight through: the same final weights and
-    the same rows, the critic's figures included (they depend on its weights and its optimizer's moments)."""
+@pytest.mark.e2e  # make test: the run itself, above; the critic's own snapshot and load: tests/test_critic.py
+def test_a_ppo_run_sigkilled_inside_its_update_resumes_bit_identical(ppo_run, tiny_model, tmp_path, prefect_harness):
+    """`grpo train`'s whole process tree SIGKILLed once iteration 3's batch is scored, both models inside their
+    update; the next start resumes from iteration 1's checkpoint (the policy's and the critic's DeepSpeed states)
+    and ends as the run straight through: the same final weights, the same rows (the critic's figures depend on its
+    weights and its optimizer's moments) and the same critic in iteration 3's checkpoint."""
     from flows.grpo_train import grpo_train
 
     _, root = ppo_run
-    grpo_train(config=ppo_config(tiny_model, tmp_path, "cut", iterations=2))
-    resumed = grpo_train(config=ppo_config(tiny_model, tmp_path, "cut"))
+    cfg = ppo_config(tiny_model, tmp_path, "cut")
+    store = RunStore(str(tmp_path), "cut")
+    proc, log = start_cli(cfg, tmp_path, "first")
+    stop_once_listed(store, proc, log, 3, "scored.parquet", near=(3, "rollouts.parquet"))
+    kill_tree(proc)
+    assert store.entry(3, "train.json") is None, "the kill was meant to land inside iteration 3's update"
+    assert checkpoint.latest(store).iteration == 1
+    resumed = grpo_train(config=cfg)
     assert resumed["resumed_from"] == "iter-000001"
     assert weights_differing(tmp_path, "cut", root, "ppo") == []
     assert learning_rows(tmp_path, "cut", LEARNING) == learning_rows(root, "ppo", LEARNING)
+    critic = [torch.load(r / "checkpoints" / "iter-000003" / "critic" / "mp_rank_00_model_states.pt",
+                         weights_only=False)["module"] for r in (root / "ppo", tmp_path / "cut")]
+    assert critic[0].keys() == critic[1].keys()
+    assert all(torch.equal(critic[0][k], critic[1][k]) for k in critic[0])

@@ -268,7 +268,8 @@ class CriticConfig(_Section):
     learner ranks beside the policy with an optimizer, checkpoint and resume of its own."""
 
     path: str | None = Field(default=None, description="the model folder the critic starts from (its head is new "
-                                                       "unless the folder has one); None: model.path, the policy's")
+                                                       "unless the folder has one), over the policy's tokenizer (checked "
+                                                       "before any engine starts); None: model.path, the policy's")
     lr: float | None = Field(default=None, gt=0.0, le=1.0, description="the critic's peak learning rate (AdamW, "
                              "the policy's schedule, warm-up and betas); None: train.lr")
     value_clip: float | None = Field(default=0.5, gt=0.0, description="a prediction may move this far from the "

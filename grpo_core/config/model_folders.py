@@ -33,7 +33,33 @@ def check_model_folder(cfg: GRPOConfig) -> None:
     _check_context(cfg, hf.get("max_position_embeddings"))
     check_reward_model_folders(cfg.reward.models)
     if cfg.critic is not None and cfg.critic.path is not None:
-        _hf_config("critic.path", cfg.critic.path)  # a model folder transformers can load a value model from
+        _check_critic_folder(cfg, hf)
+
+
+def _check_critic_folder(cfg: GRPOConfig, policy: dict[str, Any]) -> None:
+    """``critic.path``: a folder transformers can load a value model from, over the policy's vocabulary. The critic
+    reads the policy's token ids; another tokenizer's model would give every token the value of some other token,
+    and the run would train on that without an error."""
+    folder = cfg.critic.path
+    hf = _hf_config("critic.path", folder)
+    if hf.get("vocab_size") != policy.get("vocab_size"):
+        raise ConfigError(f"critic.path={folder!r} has vocab_size={hf.get('vocab_size')} and model.path="
+                          f"{cfg.model.path!r} vocab_size={policy.get('vocab_size')} (their config.json): the critic "
+                          "reads the policy's token ids, so it must share the policy's tokenizer")
+    if not any((Path(folder) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return  # a model saved without its tokenizer: the vocabulary's size is all there is to compare
+    from transformers import AutoTokenizer
+
+    theirs, ours = (AutoTokenizer.from_pretrained(f, local_files_only=True).get_vocab()
+                    for f in (folder, cfg.model.path))
+    if theirs != ours:
+        token = next(t for t in sorted(set(theirs) | set(ours)) if theirs.get(t) != ours.get(t))
+        def where(vocab: dict[str, int]) -> str:
+            return "absent" if token not in vocab else f"id {vocab[token]}"
+
+        raise ConfigError(f"critic.path={folder!r} has another tokenizer than model.path={cfg.model.path!r} (token "
+                          f"{token!r}: {where(theirs)} there, {where(ours)} in the policy's): the critic reads the "
+                          "policy's token ids, so it must share the policy's tokenizer")
 
 
 def _check_context(cfg: GRPOConfig, context: int | None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -84,6 +85,7 @@ class TensorBoardSink:
         if self._staging is not None:
             for name in sorted(os.listdir(self._staging)):
                 self.store.put_file(f"{TENSORBOARD}/{name}", os.path.join(self._staging, name))
+            shutil.rmtree(self._staging)  # uploaded: the copy kept is the store's
 
 
 def _import(name: str):

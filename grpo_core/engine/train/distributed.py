@@ -3,20 +3,23 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 
 import torch
 
 
 def ensure_process_group() -> None:
     """DeepSpeed needs torch.distributed. In-process vLLM may already have created a world-of-one group (reuse it);
-    otherwise make one through a file rendezvous, which opens no network socket."""
+    otherwise make one through a file rendezvous, which opens no network socket. torch.distributed creates the file
+    and removes it when the group is destroyed or the process exits; a folder of our own around it would stay
+    behind in the temporary folder, one per learner process."""
     import torch.distributed as dist
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(key, value)
     if dist.is_initialized():
         return
-    rendezvous = os.path.join(tempfile.mkdtemp(prefix="grpo-dist-"), "init")
+    rendezvous = os.path.join(tempfile.gettempdir(), f"grpo-dist-{os.getpid()}-{uuid.uuid4().hex}")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=0, world_size=1)
 
