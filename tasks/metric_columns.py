@@ -126,6 +126,8 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
         ("vpred_mean", "the critic's mean value during its update, mean over its micro-batches"),
         ("critic_grad_norm", "the critic's gradient norm before clipping, mean over its optimizer steps"),
         ("critic_lr", "the critic's learning rate after the update's last step"),
+        ("critic_seconds", "seconds of the update (time_train_s) spent on the critic: its values before the policy's "
+                           "step and its own step, the slowest learner rank's"),
     ),
     "Weight sync": (
         ("sync_tensors_checked", "after a checked sync (weights.check_every): tensors whose digest matched the "
@@ -147,7 +149,7 @@ GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
     "Time (wall seconds as the flow measured them)": (
         ("time_rollout_s", "rollout, all rounds"),
         ("time_score_s", "scoring"),
-        ("time_train_s", "the policy update"),
+        ("time_train_s", "the update (the policy's, and the critic's in PPO)"),
         ("time_sync_s", "the weight sync"),
         ("time_sync_check_s", "the post-sync check: digests, then the logprob gap (None when not checked)"),
         ("time_eval_s", "the evaluation (iterations with one)"),

@@ -150,7 +150,7 @@ ALGORITHM_METRICS = ("nll", "clipfrac", "clipfrac_low", "clipfrac_high", "approx
 
 # PPO's critic's metrics (the train stage's, a critic set): columns only in such a run's rows.
 CRITIC_METRICS = ("value_loss", "value_clipfrac", "value_explained_var", "values_mean", "returns_mean", "vpred_mean",
-                  "critic_grad_norm", "critic_lr")
+                  "critic_grad_norm", "critic_lr", "critic_seconds")
 
 # Turn-level credit's metrics (the score stage's, algo.turn_credit: step_groups): columns only in such a run's rows.
 TURN_CREDIT_METRICS = ("step_group_size_mean", "step_grouped_frac", "step_adv_abs_mean")

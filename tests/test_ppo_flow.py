@@ -48,6 +48,7 @@ def test_the_critic_trains_beside_the_policy_and_is_checkpointed_with_it(ppo_run
         # explained variance is undefined (null) in an iteration whose answers all scored alike
         assert all(math.isfinite(r[k]) for k in CRITIC if k != "value_explained_var"), r
         assert r["critic_lr"] == pytest.approx(1e-3) and r["value_loss"] >= 0
+        assert 0 < r["critic_seconds"] < r["time_train_s"]  # inside the update's time, not "overhead"
         if r["reward_mean"] > 0:  # returns to fit (a new head at zero fits all-zero returns exactly)
             assert r["value_loss"] > 0
         # a few iterations old, the critic explains little of its returns

@@ -210,7 +210,8 @@ def test_each_step_is_a_row_of_the_clients_run_in_tensorboard_and_a_loaded_state
 @pytest.mark.filterwarnings("ignore:DEPRECATED. TrainingClient.load_state:FutureWarning")
 def test_checkpoints_are_listed_described_and_deleted_through_the_sdks_rest_client(client, server):
     """The RestClient's routes: a client's training and sampler checkpoints listed oldest first with their paths and
-    sizes, its run described, a checkpoint deleted (gone from the list, and a load_state of it refused); deleting one
+    sizes (and every run's, the newest first), each described (its base model and what it trains), its run described,
+    a checkpoint deleted (gone from the list, and a load_state of it refused); deleting one
     a sampling session reads, or one that does not exist, refused naming the field."""
     datums, _ = _datums(server["model"])
     trainer = client.create_lora_training_client(base_model=server["model"], rank=8, seed=4).result()
@@ -225,6 +226,15 @@ def test_checkpoints_are_listed_described_and_deleted_through_the_sdks_rest_clie
     assert [(c.checkpoint_id, c.checkpoint_type, c.tinker_path) for c in listed] == [
         ("weights/a", "training", state), ("sampler_weights/s", "sampler", sampled)]
     assert all(c.size_bytes > 0 for c in listed)
+    everyone = rest.list_user_checkpoints(limit=1000).result()  # every run's, the newest first
+    mine = [c.tinker_path for c in everyone.checkpoints if c.tinker_path.startswith(f"tinker://{model_id}/")]
+    assert mine == [sampled, state] and everyone.cursor.total_count == len(everyone.checkpoints)
+    assert [c.tinker_path for c in rest.list_user_checkpoints(limit=1, offset=1).result().checkpoints] == \
+        [everyone.checkpoints[1].tinker_path]
+    for path in (state, sampled):  # what a client made from either trains
+        info = rest.get_weights_info_by_tinker_path(path).result()
+        assert (info.base_model, info.is_lora, info.lora_rank) == (server["model"], True, 8), path
+        assert (info.train_attn, info.train_mlp, info.train_unembed) == (True, True, False), path
     run = rest.get_training_run(model_id).result()
     assert (run.training_run_id, run.is_lora, run.lora_rank) == (model_id, True, 8)
     assert (run.last_checkpoint.tinker_path, run.last_sampler_checkpoint.tinker_path) == (state, sampled)
@@ -240,7 +250,12 @@ def test_checkpoints_are_listed_described_and_deleted_through_the_sdks_rest_clie
         rest.delete_checkpoint(model_id, "weights/a").result()
     with pytest.raises(tinker.NotFoundError, match="training_run_id|no training run"):
         rest.list_checkpoints("s-none:train:0").result()
-    client.create_lora_training_client(base_model=server["model"], rank=0, seed=4).result()  # a second run at least
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint"):
+        rest.get_weights_info_by_tinker_path(state).result()
+    assert state not in [c.tinker_path for c in rest.list_user_checkpoints(limit=1000).result().checkpoints]
+    full = client.create_lora_training_client(base_model=server["model"], rank=0, seed=4).result()  # a second run
+    info = rest.get_weights_info_by_tinker_path(full.save_state("f").result().path).result()
+    assert (info.is_lora, info.lora_rank, info.train_unembed) == (False, None, True)
     runs = rest.list_training_runs(limit=1000).result()
     assert model_id in [r.training_run_id for r in runs.training_runs]
     assert runs.cursor.total_count == len(runs.training_runs) >= 2
@@ -458,8 +473,15 @@ def test_the_door_answers_json_naming_what_is_wrong(server):
         answer = httpx.delete(f"{runs}/s-1a:train:0/checkpoints/{checkpoint}", headers=key)
         assert answer.status_code in (400, 404) and answer.json()["field"] == "checkpoint_id", (checkpoint, answer.text)
     for query, field in (("limit=x", "limit"), ("limit=0", "limit"), ("offset=-1", "offset"), ("limit=1001", "limit")):
-        answer = httpx.get(f"{runs}?{query}", headers=key)
-        assert answer.status_code == 400 and answer.json()["field"] == field, (query, answer.text)
+        for listing in (runs, f"{url}/api/v1/checkpoints"):
+            answer = httpx.get(f"{listing}?{query}", headers=key)
+            assert answer.status_code == 400 and answer.json()["field"] == field, (listing, query, answer.text)
+    for body, field in (({"tinker_path": 5}, "tinker_path"), ({}, "tinker_path"), ({"tinker_path": "x", "y": 1}, "y"),
+                        ({"tinker_path": "tinker://s-1a:train:0/weights/.."}, "tinker_path"),
+                        ({"tinker_path": "tinker://../weights/a"}, "training_run_id"),
+                        ({"tinker_path": "/etc/passwd"}, "tinker_path")):
+        answer = httpx.post(f"{url}/api/v1/weights_info", json=body, headers=key)
+        assert answer.status_code in (400, 404) and answer.json()["field"] == field, (body, answer.text)
     assert httpx.get(f"{url}/api/v1/healthz").json() == {"status": "ok"}
 
 

@@ -23,7 +23,7 @@ from grpo_core.infra.netaddr import listening_socket
 from grpo_core.engine.results import CheckpointStarted, FinalPolicy, Restored, TrainStep
 from grpo_core.run.storage import RunStore
 from grpo_core.engine.train.batch import finite_rows, pack_batch
-from grpo_core.engine.train.critic import Critic, CriticSpec, gae_batch_advantages
+from grpo_core.engine.train.critic import Critic, CriticSpec, ppo_update
 from grpo_core.engine.train.learner import Learner, LearnerSpec
 from grpo_core.engine.weights_digest import Receipt, WeightsDigest
 from grpo_core.weights.files import FilesTransport
@@ -148,6 +148,7 @@ class LearnerRole:
         merged by the caller; a retried call for the same iteration returns the same result without stepping."""
         if self._last_train is not None and self._last_train[0] == iteration:
             return self._last_train[1]
+        started = time.perf_counter()
         pin_torch_threads(self.threads)
         table = self.store.get_table(iteration, name)
         episodes = RESPONSE_MASK in table.column_names  # multi-turn: environment tokens are out of the loss
@@ -170,18 +171,16 @@ class LearnerRole:
                            token_advantages=data[TOKEN_ADVANTAGE] if per_token else None,
                            teacher_top=(data[TEACHER_TOP_IDS], data[TEACHER_TOP_LOGPROBS]) if top_k else None)
         extra: dict[str, float] = {}
-        critic_targets = None
-        if self.critic is not None:
-            batch.advantages, critic_targets, extra = gae_batch_advantages(
-                self.critic, self.learner, batch, table.column("shaped_reward").to_pylist(), self.cfg.algo)
-        elif self.cfg.algo.kl_in_reward:
-            batch.advantages, extra = self._kl_shaped_advantages(batch, table.column("shaped_reward").to_pylist())
         world = self.cfg.cluster.learners
-        metrics = self.learner.train_step(batch, rank=self.learner_rank, world_size=world)
-        if critic_targets is not None:
-            metrics.update(self.critic.train_step(batch, *critic_targets, rank=self.learner_rank, world_size=world,
-                                                  epochs=self.cfg.train.ppo_epochs))
-        metrics.update(extra, rows_nonfinite=float(nonfinite))
+        if self.critic is not None:
+            metrics = ppo_update(self.critic, self.learner, batch, table.column("shaped_reward").to_pylist(),
+                                 self.cfg, self.learner_rank)
+        else:
+            if self.cfg.algo.kl_in_reward:
+                batch.advantages, extra = self._kl_shaped_advantages(batch, table.column("shaped_reward").to_pylist())
+            metrics = self.learner.train_step(batch, rank=self.learner_rank, world_size=world)
+        # this rank's whole update (the batch read and packed, a critic's values and step too), not only the step's
+        metrics.update(extra, rows_nonfinite=float(nonfinite), seconds=time.perf_counter() - started)
         step = TrainStep(metrics, self.learner.version)
         self._last_train = (iteration, step)
         return step

@@ -211,6 +211,19 @@ def gae_batch_advantages(critic: Critic, learner, batch: TokenBatch, rewards: li
     return advantages, (values, returns), metrics
 
 
+def ppo_update(critic: Critic, learner, batch: TokenBatch, rewards: list[float], cfg, rank: int) -> dict[str, float]:
+    """PPO's update in a learner rank: the critic's values and GAE's advantages, the policy's step on them, then the
+    critic's step on the same batch. ``critic_seconds``: the critic's whole share of it (its values and its step)."""
+    started = time.perf_counter()
+    batch.advantages, (values, returns), extra = gae_batch_advantages(critic, learner, batch, rewards, cfg.algo)
+    valued = time.perf_counter() - started
+    world = cfg.cluster.learners
+    metrics = learner.train_step(batch, rank=rank, world_size=world)
+    metrics.update(critic.train_step(batch, values, returns, rank=rank, world_size=world, epochs=cfg.train.ppo_epochs))
+    metrics["critic_seconds"] += valued
+    return {**metrics, **extra}
+
+
 def _zero_new_head(model, missing: list[str]) -> None:
     """A value head the folder does not hold starts at zero (a head the folder holds, a reward model's, is kept).
 

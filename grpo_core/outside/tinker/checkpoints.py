@@ -1,5 +1,5 @@
-"""Tinker's checkpoint routes (the SDK's ``RestClient``): a training run's checkpoints listed, one deleted, the run
-described, read from the service's run folder.
+"""Tinker's checkpoint routes (the SDK's ``RestClient``): a training run's checkpoints listed (or every run's), one
+deleted, one described (``weights_info``), the run described, read from the service's run folder.
 
 A training run is a training client (``training_run_id`` is its model id); its checkpoints are the folders under
 ``<root>/<model>/weights/`` (``save_state``: checkpoint type ``training``) and ``sampler_weights/``
@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from grpo_core.outside.tinker.errors import TinkerRequestError, not_found
-from grpo_core.outside.tinker.trainee import PARTIAL, STATE_FILE, WEIGHTS_FILE
+from grpo_core.outside.tinker.trainee import ATTENTION, MLP, PARTIAL, STATE_FILE, WEIGHTS_FILE
 
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
 RUN_FILES = (WEIGHTS_FILE, "adapter_model.safetensors", "model.safetensors")  # what makes a folder a checkpoint
@@ -82,6 +82,42 @@ def list_checkpoints(root: Path, model_id: str, live: bool = False) -> list[dict
     return sorted(found, key=lambda c: (c["time"], c["checkpoint_id"]))
 
 
+def every_checkpoint(root: Path, live: list[str], limit: str, offset: str) -> dict:
+    """``list_user_checkpoints``: the checkpoints of every run here (a folder under ``root``, or a ``live`` client's),
+    the newest first, a page of them with the SDK's cursor."""
+    first, count = page(offset, "offset", 0, 2**31), page(limit, "limit", 1, 1000)
+    found = [c for i in sorted(set(run_ids(root)) | set(live)) for c in list_checkpoints(root, i, live=True)]
+    found.sort(key=lambda c: (c["time"], c["tinker_path"]), reverse=True)
+    return {"checkpoints": found[first:first + count],
+            "cursor": {"offset": first, "limit": count, "total_count": len(found)}}
+
+
+def adapters(folder: Path) -> dict:
+    """What a whole checkpoint folder trains: ``lora_rank`` (0: all weights), ``train_attn``, ``train_mlp``; a
+    training checkpoint says it in its state file, a sampler checkpoint by its adapter's config (none: all weights)."""
+    state = folder / STATE_FILE
+    if state.is_file():
+        spec = json.loads(state.read_text())["spec"]
+        return {k: spec[k] for k in ("lora_rank", "train_attn", "train_mlp")}
+    adapter = folder / "adapter_config.json"
+    if not adapter.is_file():
+        return {"lora_rank": 0, "train_attn": True, "train_mlp": True}
+    config = json.loads(adapter.read_text())
+    targets = set(config.get("target_modules") or ())
+    return {"lora_rank": int(config["r"]), "train_attn": bool(targets & set(ATTENTION)),
+            "train_mlp": bool(targets & set(MLP))}
+
+
+def weights_info(folder: Path, base_model: str) -> dict:
+    """The SDK's ``WeightsInfoResponse`` of a checkpoint folder: its base model and what a client made from it
+    trains (LoRA never trains the unembedding here; all-weights training trains everything)."""
+    trains = adapters(folder)
+    lora = trains["lora_rank"] > 0
+    return {"base_model": base_model, "is_lora": lora, "lora_rank": trains["lora_rank"] if lora else None,
+            "train_attn": trains["train_attn"] if lora else True, "train_mlp": trains["train_mlp"] if lora else True,
+            "train_unembed": not lora}
+
+
 def checkpoint_folder(root: Path, model_id: str, checkpoint_id: str) -> Path:
     """The folder of ``checkpoint_id`` (``weights/<name>`` or ``sampler_weights/<name>``); a 404 naming it if there is
     none."""
@@ -110,8 +146,7 @@ def training_run(root: Path, model_id: str, base_model: str, lora_rank: int | No
     training = [c for c in checkpoints if c["checkpoint_type"] == "training"]
     sampler = [c for c in checkpoints if c["checkpoint_type"] == "sampler"]
     if lora_rank is None and training:
-        state = model_folder(root, model_id) / training[-1]["checkpoint_id"] / STATE_FILE
-        lora_rank = int(json.loads(state.read_text())["spec"]["lora_rank"])
+        lora_rank = int(adapters(model_folder(root, model_id) / training[-1]["checkpoint_id"])["lora_rank"])
     run = model_folder(root, model_id)
     last = max([since, *(f.stat().st_mtime for f in run.rglob("*"))] if run.is_dir() else [since])
     return {"training_run_id": model_id, "base_model": base_model, "model_owner": "local",

@@ -15,6 +15,8 @@ from __future__ import annotations
 import secrets
 from typing import Any, Callable
 
+from pydantic import BaseModel, ConfigDict, StrictStr
+
 from grpo_core.outside.endpoint import requests as door
 from grpo_core.outside.tinker.errors import TinkerRequestError
 from grpo_core.outside.tinker.futures import POLL_SECONDS
@@ -27,6 +29,12 @@ MAX_BODY_BYTES = 64 * 2**20  # the SDK splits forward_backward at about 5 MB; a 
 CLIENT_CONFIG = {"pjwt_auth_enabled": False, "use_pyqwest_transport": False, "parallel_fwdbwd_chunks": False,
                  "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
                  "custom_loss_server_side": False, "sample_join_sampling_session": False}
+
+
+class WeightsInfoRequest(BaseModel):
+    """``get_weights_info_by_tinker_path``'s body (the SDK sends a dict, it has no request model for it)."""
+    model_config = ConfigDict(extra="forbid")
+    tinker_path: StrictStr
 
 
 def _typed(model_cls, body: Any):
@@ -170,6 +178,9 @@ class TinkerApp:
                                                        req.base_model, call)
         return _future(request_id, sequence_ids=sequence_ids)
 
+    def weights_info(self, body: Any) -> dict:
+        return self.service.weights_info(_typed(WeightsInfoRequest, body).tinker_path)
+
     def finish(self, body: Any, session_id: str) -> dict:
         reason = body.get("reason", {}).get("type", "") if isinstance(body, dict) else ""
         return self.service.finish(session_id, str(reason))
@@ -230,6 +241,9 @@ class TinkerApp:
                           methods=["GET"])
         api.add_api_route("/api/v1/training_runs", route(lambda body, **page: self.service.list_training_runs(**page),
                                                          query=("limit", "offset")), methods=["GET"])
+        api.add_api_route("/api/v1/checkpoints", route(lambda body, **page: self.service.list_user_checkpoints(**page),
+                                                       query=("limit", "offset")), methods=["GET"])
+        api.add_api_route("/api/v1/weights_info", route(self.weights_info), methods=["POST"])
         runs = "/api/v1/training_runs/{model_id}"
         api.add_api_route(f"{runs}/checkpoints", route(lambda body, model_id: self.service.list_checkpoints(model_id)),
                           methods=["GET"])

@@ -418,6 +418,17 @@ class TinkerService:
                                         model.trainee.spec.lora_rank if model else None,
                                         model.created if model else 0.0)
 
+    def list_user_checkpoints(self, limit: str = "100", offset: str = "0") -> dict:
+        return checkpoints.every_checkpoint(self.settings.root, list(self.models), limit, offset)
+
+    def weights_info(self, path: str) -> dict:
+        """``get_weights_info_by_tinker_path``: a checkpoint's base model and what it trains (a training client made
+        from it trains the same)."""
+        model_id, kind, name = parse_tinker_path(path, "tinker_path")
+        folder = checkpoints.checkpoint_folder(self.settings.root, model_id, f"{kind}/{name}")
+        model = self.models.get(model_id)
+        return checkpoints.weights_info(folder, model.base_name if model else self.base_folder)
+
     def list_training_runs(self, limit: str = "20", offset: str = "0") -> dict:
         """Every training client with a folder here or alive now, the most recently active first, a page of them."""
         first, count = checkpoints.page(offset, "offset", 0, 2**31), checkpoints.page(limit, "limit", 1, 1000)
