@@ -145,15 +145,17 @@ def test_sigkill_between_stages_then_mid_training_then_resume_is_exact(reference
     assert not half.exists()  # the leftover of the interrupted write was pruned
 
 
-def test_a_changed_config_is_refused_naming_the_fields(reference, tiny_model, tmp_path):
+def test_a_changed_config_is_refused_naming_the_fields(reference, tiny_model, tmp_path, capsys):
+    """`grpo train` refuses before Prefect or Ray start (the command's own function, in this process)."""
+    from grpo_cli.main import main as grpo
+
     cfg = _config(tiny_model, reference, "ref", train__lr=5e-4, rollout__temperature=0.7)
     path = tmp_path / "changed.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    out = subprocess.run([sys.executable, "-m", "grpo_cli.main", "train", "--config", str(path)], cwd=REPO,
-                         env=api_env(), capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert "rollout.temperature: 1.0 -> 0.7" in out.stderr and "train.lr: 0.001 -> 0.0005" in out.stderr, out.stderr
-    assert "seed" not in out.stderr
+    assert grpo(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.temperature: 1.0 -> 0.7" in err and "train.lr: 0.001 -> 0.0005" in err, err
+    assert "seed" not in err
 
 
 def test_a_finished_run_is_not_redone(reference, tiny_model, tmp_path):
