@@ -23,11 +23,11 @@ from grpo_core.engine.train.batch import TokenBatch, pack_row
 from grpo_core.engine.train.distributed import ensure_process_group, skip_inference_all_reduce_kernel
 from grpo_core.engine.train.ds_engine import capture_checkpoint, deepspeed_config, lr_lambda
 from grpo_core.engine.train.ds_engine import step as ds_step
-from grpo_core.engine.train.learner import states_at, unwrapped, with_lora
+from grpo_core.engine.train.learner import Learner, states_at, unwrapped, with_lora
 from grpo_core.engine.train.step_metrics import MicroBatchMetrics
 
 if TYPE_CHECKING:
-    from grpo_core.config import AlgoConfig
+    from grpo_core.config import AlgoConfig, GRPOConfig
 
 # DeepSpeed's checkpoint tag of the critic: its files live under <checkpoint>/critic/.
 CRITIC_TAG = "critic"
@@ -181,7 +181,7 @@ class Critic:
             raise FileNotFoundError(f"{folder}/{CRITIC_TAG}: DeepSpeed found no checkpoint of the critic to load")
 
 
-def gae_batch_advantages(critic: Critic, learner, batch: TokenBatch, rewards: list[float], algo: "AlgoConfig"):
+def gae_batch_advantages(critic: Critic, learner: Learner, batch: TokenBatch, rewards: list[float], algo: AlgoConfig):
     """PPO's advantages of a scored batch, in a learner rank: the critic's values before the update, each row's
     shaped reward on its last policy token (minus the per-token KL to the reference with algo.kl_in_reward, from
     ``learner``'s logprobs), GAE's advantages whitened over the batch's trained tokens, and its returns.
@@ -211,7 +211,8 @@ def gae_batch_advantages(critic: Critic, learner, batch: TokenBatch, rewards: li
     return advantages, (values, returns), metrics
 
 
-def ppo_update(critic: Critic, learner, batch: TokenBatch, rewards: list[float], cfg, rank: int) -> dict[str, float]:
+def ppo_update(critic: Critic, learner: Learner, batch: TokenBatch, rewards: list[float], cfg: GRPOConfig,
+               rank: int) -> dict[str, float]:
     """PPO's update in a learner rank: the critic's values and GAE's advantages, the policy's step on them, then the
     critic's step on the same batch. ``critic_seconds``: the critic's whole share of it (its values and its step)."""
     started = time.perf_counter()
