@@ -86,6 +86,7 @@ class TensorBoardSink:
             for name in sorted(os.listdir(self._staging)):
                 self.store.put_file(f"{TENSORBOARD}/{name}", os.path.join(self._staging, name))
             shutil.rmtree(self._staging)  # uploaded: the copy kept is the store's
+            self._staging = None
 
 
 def _import(name: str):
