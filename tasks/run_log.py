@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import tempfile
 from contextlib import contextmanager
 from typing import Iterator
@@ -120,6 +119,4 @@ def run_logging(cfg: GRPOConfig, store: RunStore, console: Console) -> Iterator[
             library_file.close()
         flow_file.close()
         if staging is not None:
-            for name in sorted(os.listdir(staging)):
-                store.put_file(f"{LOGS}/{name}", os.path.join(staging, name))
-            shutil.rmtree(staging)  # uploaded: the copy kept is the store's
+            store.move_in(LOGS, staging)

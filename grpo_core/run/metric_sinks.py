@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -83,9 +82,7 @@ class TensorBoardSink:
     def close(self) -> None:
         self.writer.close()
         if self._staging is not None:
-            for name in sorted(os.listdir(self._staging)):
-                self.store.put_file(f"{TENSORBOARD}/{name}", os.path.join(self._staging, name))
-            shutil.rmtree(self._staging)  # uploaded: the copy kept is the store's
+            self.store.move_in(TENSORBOARD, self._staging)
             self._staging = None
 
 

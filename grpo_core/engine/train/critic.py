@@ -19,11 +19,11 @@ from grpo_core.algo import loss_denominator
 from grpo_core.algo.value import value_loss
 from grpo_core.config import LoraConfig, TrainConfig
 from grpo_core.engine.train import segment_attention
-from grpo_core.engine.train.batch import TokenBatch, pack_row
+from grpo_core.engine.train.batch import TokenBatch
 from grpo_core.engine.train.distributed import ensure_process_group, skip_inference_all_reduce_kernel
 from grpo_core.engine.train.ds_engine import capture_checkpoint, deepspeed_config, lr_lambda
 from grpo_core.engine.train.ds_engine import step as ds_step
-from grpo_core.engine.train.learner import Learner, states_at, unwrapped, with_lora
+from grpo_core.engine.train.learner import Learner, packed_row, packed_states, unwrapped, with_lora
 from grpo_core.engine.train.step_metrics import MicroBatchMetrics
 
 if TYPE_CHECKING:
@@ -86,21 +86,13 @@ class Critic:
         ZeRO-3 (its forward is a collective) or without packing."""
         dev = self.device
         shape = (len(mb), mb.input_ids.shape[1] - 1)
-        packed = None
-        if self.spec.pack and self.zero_stage != 3:
-            model = unwrapped(self.engine)
-            packed = pack_row(mb, segment_attention.attention_width(model.config), segment_attention.call_cost(dev))
+        model = unwrapped(self.engine)
+        packed = packed_row(mb, model, dev) if self.spec.pack and self.zero_stage != 3 else None
         if packed is None or not packed.tokens:
             out = self.engine(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev))
             return out.logits[:, :-1, 0].float() * mb.response_mask.to(dev)
-        segment_attention.require(model)
-        decoder = getattr(model, model.base_model_prefix)
-        hidden = decoder(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
-                         attention_mask=torch.ones_like(packed.input_ids, device=dev), segments=packed.segments,
-                         use_cache=False).last_hidden_state
-        src = packed.src_pos.to(dev)
-        values = model.score(states_at(hidden, torch.zeros_like(src), src))[:, 0].float()
-        where = (packed.dst_row.to(dev), packed.dst_col.to(dev))
+        at, where = packed_states(getattr(model, model.base_model_prefix), packed, dev)
+        values = model.score(at)[:, 0].float()
         return torch.zeros(shape, dtype=torch.float32, device=dev).index_put(where, values) * \
             mb.response_mask.to(dev)
 

@@ -125,19 +125,10 @@ class Learner:
         dev = self.device
         # Not under ZeRO-3 (above): its forward gathers each module's parameters in a collective, so every rank must
         # run the same modules in the same order (a rank whose micro-batch has no response token would not).
-        packed = None
-        if pack and self.packs_rows:
-            packed = pack_row(mb, segment_attention.attention_width(lm.config), segment_attention.call_cost(dev))
+        packed = packed_row(mb, lm, dev) if pack and self.packs_rows else None
         if packed is not None and packed.tokens:
-            segment_attention.require(lm)
-            # A mask of ones: with none, transformers reads the position resets as packed sequences and builds a
-            # [T, T] mask that segment attention would not use.
-            hidden = lm.get_decoder()(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
-                                      attention_mask=torch.ones_like(packed.input_ids, device=dev),
-                                      segments=packed.segments, use_cache=False).last_hidden_state
-            src = packed.src_pos.to(dev)
-            at = states_at(hidden, torch.zeros_like(src), src)
-            where, targets = (packed.dst_row.to(dev), packed.dst_col.to(dev)), packed.targets.to(dev)
+            at, where = packed_states(lm.get_decoder(), packed, dev)
+            targets = packed.targets.to(dev)
         else:
             hidden = lm.get_decoder()(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
                                       use_cache=False).last_hidden_state
@@ -447,6 +438,26 @@ class Learner:
             raise FileNotFoundError(f"{folder}/{LEARNER_TAG}: DeepSpeed found no checkpoint to load")
         _set_rng_state(torch.load(os.path.join(folder, LEARNER_TAG, f"rng-rank-{rank}.pt"), weights_only=False))
         self.version = policy_version
+
+
+def packed_row(mb: TokenBatch, model, device: torch.device):
+    """``pack_row`` of the micro-batch for ``model`` (its attention window; segment attention's cost per call on
+    ``device``), with segment attention required of the model; None where the batch does not pack."""
+    packed = pack_row(mb, segment_attention.attention_width(model.config), segment_attention.call_cost(device))
+    if packed is not None and packed.tokens:
+        segment_attention.require(model)
+    return packed
+
+
+def packed_states(decoder, packed, device: torch.device) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The decoder run on the packed row: its states at the positions that predict a response token ([N, H]) and
+    where each lands in the micro-batch's [B, L-1] columns (rows, cols). A mask of ones: with none, transformers
+    reads the position resets as packed sequences and builds a [T, T] mask that segment attention would not use."""
+    hidden = decoder(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
+                     attention_mask=torch.ones_like(packed.input_ids, device=device), segments=packed.segments,
+                     use_cache=False).last_hidden_state
+    src = packed.src_pos.to(device)
+    return states_at(hidden, torch.zeros_like(src), src), (packed.dst_row.to(device), packed.dst_col.to(device))
 
 
 def unwrapped(model):

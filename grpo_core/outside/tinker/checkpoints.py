@@ -54,6 +54,13 @@ def page(text: str, field: str, low: int, high: int) -> int:
     return value
 
 
+def paged(items: list, key: str, limit: str, offset: str) -> dict:
+    """A page of ``items`` under ``key`` with the SDK's cursor; ``limit`` and ``offset`` as the query gave them
+    (refused naming them unless integers in range)."""
+    first, count = page(offset, "offset", 0, 2**31), page(limit, "limit", 1, 1000)
+    return {key: items[first:first + count], "cursor": {"offset": first, "limit": count, "total_count": len(items)}}
+
+
 def _size(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
@@ -85,11 +92,9 @@ def list_checkpoints(root: Path, model_id: str, live: bool = False) -> list[dict
 def every_checkpoint(root: Path, live: list[str], limit: str, offset: str) -> dict:
     """``list_user_checkpoints``: the checkpoints of every run here (a folder under ``root``, or a ``live`` client's),
     the newest first, a page of them with the SDK's cursor."""
-    first, count = page(offset, "offset", 0, 2**31), page(limit, "limit", 1, 1000)
     found = [c for i in sorted(set(run_ids(root)) | set(live)) for c in list_checkpoints(root, i, live=True)]
     found.sort(key=lambda c: (c["time"], c["tinker_path"]), reverse=True)
-    return {"checkpoints": found[first:first + count],
-            "cursor": {"offset": first, "limit": count, "total_count": len(found)}}
+    return paged(found, "checkpoints", limit, offset)
 
 
 def adapters(folder: Path) -> dict:

@@ -431,11 +431,9 @@ class TinkerService:
 
     def list_training_runs(self, limit: str = "20", offset: str = "0") -> dict:
         """Every training client with a folder here or alive now, the most recently active first, a page of them."""
-        first, count = checkpoints.page(offset, "offset", 0, 2**31), checkpoints.page(limit, "limit", 1, 1000)
         ids = sorted(set(checkpoints.run_ids(self.settings.root)) | set(self.models))
         runs = sorted((self.training_run(i) for i in ids), key=lambda r: r["last_request_time"], reverse=True)
-        return {"training_runs": runs[first:first + count],
-                "cursor": {"offset": first, "limit": count, "total_count": len(runs)}}
+        return checkpoints.paged(runs, "training_runs", limit, offset)
 
     # ------------------------------------------------------------------------------------------- sampling
     def create_sampling_session(self, session_id: str, seq_id: int, base_model: str | None,

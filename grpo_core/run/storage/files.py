@@ -160,6 +160,13 @@ class RunFolder:
             self._fs.put_file(local_file, path)
             self._refresh(posixpath.dirname(path))
 
+    def move_in(self, rel_dir: str, staging: str) -> None:
+        """The files of a local staging folder (a remote run's logs or event files, written locally while it ran)
+        put under ``rel_dir``, then the staging folder removed: the copy kept is the run folder's."""
+        for name in sorted(os.listdir(staging)):
+            self.put_file(f"{rel_dir}/{name}", os.path.join(staging, name))
+        shutil.rmtree(staging)
+
     def get_file(self, rel_path: str, local_file: str) -> None:
         """Copy a file of the run folder to a local path."""
         path = self._path(rel_path)
