@@ -36,6 +36,9 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_LOGGING_LEVEL ?= WARNING
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# The .venv's modules are compiled to .pyc at their first import, not at install (infra/venv.sh): Python must be
+# allowed to write them, also where the caller's environment forbids it (CI and these machines set it).
+unexport PYTHONDONTWRITEBYTECODE
 # Material for MkDocs prints a banner about its successor on every build
 export NO_MKDOCS_2_WARNING := 1
 

@@ -14,6 +14,7 @@ module does with httpx is unchanged.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import httpx
@@ -46,3 +47,42 @@ def wait_patiently_for_the_api() -> bool:
 
     server.httpx = _PatientHttpx(float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()))
     return True
+
+
+class EarlyApi:
+    """Prefect's ephemeral API started in a thread while `grpo train` imports its flows.
+
+    A flow started without an API URL makes Prefect start one in a subprocess and wait for it (8.5 s on 2 quiet
+    cores, more while it migrates a new database) only once the flow is called, that is after the flows' imports
+    (13.5 s: torch, Ray, Prefect). The server is another process: started first, it comes up on the second core while
+    this one imports. Prefect's client then finds its one ephemeral server (``SubprocessASGIServer()``, one per port)
+    already running. ``wait`` must be called before the flow starts: Prefect marks the server running before it
+    answers, and a client that came meanwhile would not wait for it."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "EarlyApi":
+        from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+
+        if not PREFECT_API_URL.value() and PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+            self._thread = threading.Thread(target=self._start_server, name="prefect-api-start", daemon=True)
+            self._thread.start()
+        return self
+
+    def _start_server(self) -> None:
+        try:
+            wait_patiently_for_the_api()
+            from prefect.server.api.server import SubprocessASGIServer
+
+            SubprocessASGIServer().start()
+        except Exception as exc:  # noqa: BLE001 (raised again by wait(), in the caller's thread)
+            self.error = exc
+
+    def wait(self) -> None:
+        """Until the API answers (nothing when none was started); its start's error, if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"Prefect's API did not start: {self.error}") from self.error

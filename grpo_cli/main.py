@@ -10,19 +10,18 @@ from grpo_cli import commands as core_cli
 
 def _cmd_train(args: argparse.Namespace) -> int:
     """`grpo train`: the grpo-train flow (RL)."""
-    from flows.grpo_train import grpo_train
-
-    return _run_flow_command(args, grpo_train)
+    return _run_flow_command(args, "grpo_train")
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
     """`grpo sft`: the grpo-sft flow (supervised fine-tuning on conversations)."""
-    from flows.grpo_train import grpo_sft
-
-    return _run_flow_command(args, grpo_sft)
+    return _run_flow_command(args, "grpo_sft")
 
 
-def _run_flow_command(args: argparse.Namespace, flow) -> int:
+def _run_flow_command(args: argparse.Namespace, flow_name: str) -> int:
+    """Checks that need no engine first; then Prefect's API starts while the flows are imported (flows.prefect_api's
+    EarlyApi), and ``flow_name`` of flows/grpo_train.py runs."""
+    from flows.prefect_api import EarlyApi
     from grpo_core.lifecycle import lineage
     from grpo_core.config import RESUME_SAFE_FIELDS, check_model_folder, load_config, upgrade_stored_config
     from grpo_core.config import CHAMPION
@@ -37,6 +36,11 @@ def _run_flow_command(args: argparse.Namespace, flow) -> int:
         store.check_config(cfg.recorded(), may_change=RESUME_SAFE_FIELDS, upgrade=upgrade_stored_config)
     elif cfg.model.init_from == CHAMPION:  # a new run reads the registry first: one line if it cannot be read
         lineage.resolve(CHAMPION, cfg.storage.root, cfg.storage.options, cfg.run_name, cfg.registry)
+    api = EarlyApi().start()
+    from flows import grpo_train as flows
+
+    flow = getattr(flows, flow_name)
+    api.wait()
     # A templated run_name ({date}, {time}) is expanded once, here: the flow gets the name itself.
     result = flow(config_path=args.config, overrides=[*args.set, f"run_name={cfg.run_name}"])
     return 0 if result else 1

@@ -2,8 +2,8 @@
 # Creates a virtual environment from a lock file, exactly its pins, no resolution (--no-deps).
 #   infra/venv.sh VENV LOCK PYTHON [--editable]
 # With uv (on PATH, or installed from PyPI into .cache/tools on first use: about 5 s) the ~280 wheels of the main lock
-# install in about 15 s from a cold cache, and their .pyc files compile in about 45 s more; where uv cannot be had,
-# or fails, pip does the same in about 3 minutes.
+# install in about 30 s (their .pyc files are written at first import); where uv cannot be had, or fails, pip does
+# the same in about 3 minutes.
 # Pip's own settings that uv does not read (PIP_FIND_LINKS, PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, and find-links from
 # pip's configuration files) are passed on to it, so both install the same files. GRPO_INSTALLER=pip forces pip.
 # Prints one line before and one after; the installers' output goes to VENV/install.log.
@@ -30,10 +30,11 @@ with_uv() {
     for index in ${PIP_EXTRA_INDEX_URL:-}; do args+=(--index "$index"); done
     [[ -x $venv/bin/python ]] || "$uv" venv --quiet --python "$python" "$venv"
     export UV_LINK_MODE=${UV_LINK_MODE:-copy}  # the cache may be on another file system
-    # --compile-bytecode: uv leaves the .pyc files to the first import, and where PYTHONDONTWRITEBYTECODE is set (as on
-    # CI) every process then compiles vLLM, DeepSpeed and torch again: `from vllm import LLM` 21 s instead of 10 s,
-    # in every Ray actor and `grpo` subprocess (pip compiles them at install, as this does).
-    "$uv" pip install --python "$venv/bin/python" --no-deps --compile-bytecode "${args[@]}" -r "$lock" >"$log" 2>&1 \
+    # No --compile-bytecode: compiling all 34k modules took 65-88 s of the install on 2 cores, and a run imports about
+    # a fifth of them. Python writes each module's .pyc at its first import instead; the Makefile unexports
+    # PYTHONDONTWRITEBYTECODE (set on CI and on these machines), without which every process (each Ray actor, each
+    # `grpo` subprocess) would compile vLLM, DeepSpeed and torch again: `from vllm import LLM` 45 s instead of 20.
+    "$uv" pip install --python "$venv/bin/python" --no-deps "${args[@]}" -r "$lock" >"$log" 2>&1 \
         || return 1
     if [[ $editable == --editable ]]; then
         "$uv" pip install --python "$venv/bin/python" --no-deps --no-build-isolation -e "$root" >>"$log" 2>&1 \
@@ -53,7 +54,7 @@ start=$(date +%s)
 count=$(grep -cE '^[A-Za-z0-9]' "$lock")
 installed=
 if uv=$(find_uv); then
-    echo "==> $venv: $count packages from $lock with uv (about a minute with their bytecode; log: $log)"
+    echo "==> $venv: $count packages from $lock with uv (about 30 s; log: $log)"
     if with_uv "$uv"; then
         installed=uv
     else

@@ -57,3 +57,13 @@ def test_a_ray_start_that_timed_out_is_cleaned_up_and_tried_again():
     assert "other errors surface: not a start that timed out" in done.stdout
     assert done.stdout.rstrip().endswith("ok")
     assert "Ray's node did not come up (start 1 of 3" in done.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the rule for machines without CUDA")
+def test_actors_of_a_local_ray_without_cuda_run_vllms_sampler_helpers_eagerly():
+    """torch.compile off in each actor of this CPU machine (Dynamo traced vLLM's rank helper at every actor's first
+    request); a remote cluster's actors, which may hold GPUs, keep it."""
+    from grpo_core.cluster.ray_cluster import actor_env
+
+    assert actor_env(2, local=True)["TORCH_COMPILE_DISABLE"] == "1"
+    assert "TORCH_COMPILE_DISABLE" not in actor_env(2, local=False)

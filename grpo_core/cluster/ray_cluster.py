@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 import psutil
+import torch
 
 # grpo_core/cluster/__init__.py has set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER before this import (loopback addresses).
 import ray  # noqa: E402
@@ -59,6 +60,15 @@ def actor_env(threads: int, local: bool) -> dict[str, str]:
     })
     if local:  # one machine: gloo's sockets on loopback only (its default follows the hostname)
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        # Without CUDA, torch.compile does nothing an actor needs. vLLM compiles two small helpers of its sampler
+        # (the rank of each sampled token, computed whenever logprobs are asked for, so on every request here; a
+        # random-sampling workaround): each new actor traced them with Dynamo at its first request (a first
+        # `generate` 3.3 s against 0.45 s eager, on 2 cores), and in a new Python environment Inductor also built
+        # its C++ header with g++ (a fresh clone's first `make run`: iteration 0 16 s against 3.8 s). Eager, the
+        # rank helper makes a (tokens x vocabulary) boolean temporary, small beside the logprobs it reads; on GPUs,
+        # where vLLM's comment warns of that copy, actors keep torch.compile.
+        if not torch.cuda.is_available():
+            env.setdefault("TORCH_COMPILE_DISABLE", "1")
     return env
 
 

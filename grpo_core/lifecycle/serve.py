@@ -68,11 +68,14 @@ def vllm_argv(opts: ServeOptions, cuda: bool) -> list[str]:
     return argv + list(opts.extra)
 
 
-def server_env(opts: ServeOptions) -> dict[str, str]:
-    """Environment the server needs on top of the caller's."""
+def server_env(opts: ServeOptions, cuda: bool) -> dict[str, str]:
+    """Environment the server needs on top of the caller's. Without CUDA its engine process runs vLLM's sampler
+    helpers eagerly, as the run's actors do (grpo_core.cluster.ray_cluster.actor_env says why)."""
     env = {"VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if opts.lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if not cuda:
+        env["TORCH_COMPILE_DISABLE"] = "1"
     return env
 
 
@@ -128,7 +131,7 @@ def serve(opts: ServeOptions) -> None:
     check_model_dir(opts.model)
     if not torch.cuda.is_available():
         opts = fit_max_model_len(opts)
-    os.environ.update(server_env(opts))
+    os.environ.update(server_env(opts, cuda=torch.cuda.is_available()))
     from vllm.entrypoints.launchers.api_server.entry import main
 
     sys.argv = ["grpo serve"] + vllm_argv(opts, cuda=torch.cuda.is_available())

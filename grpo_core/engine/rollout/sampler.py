@@ -15,6 +15,7 @@ from typing import Iterable
 
 import torch
 
+from grpo_core.engine.rollout.model_class import inspect_in_process
 from grpo_core.engine.weights_digest import WeightsDigest, adapter_digest
 
 
@@ -89,6 +90,7 @@ class VLLMSampler:
             if spec.share_prompt_prefill:
                 kwargs["block_size"] = CPU_PREFIX_BLOCK
         started = time.perf_counter()
+        inspect_in_process(spec.model_path)
         self.llm = LLM(**kwargs)
         self.load_seconds = time.perf_counter() - started
         self.spec = spec

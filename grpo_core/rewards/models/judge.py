@@ -42,6 +42,8 @@ class VLLMJudge(_Judge):
         import torch
         from vllm import LLM
 
+        from grpo_core.engine.rollout.model_class import inspect_in_process
+
         kwargs: dict[str, Any] = dict(model=path, dtype="float32" if not torch.cuda.is_available() else "auto",
                                       enforce_eager=True, distributed_executor_backend="uni")
         if max_model_len is not None:  # at most the model's own (vLLM refuses more)
@@ -53,6 +55,7 @@ class VLLMJudge(_Judge):
             kwargs["gpu_memory_utilization"] = 0.3
         else:
             kwargs["kv_cache_memory_bytes"] = kv_cache_mb * 2**20
+        inspect_in_process(path)
         self.llm = LLM(**kwargs)
         self.path = path
 
