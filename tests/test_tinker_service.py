@@ -266,6 +266,37 @@ def test_checkpoints_are_listed_described_and_deleted_through_the_sdks_rest_clie
         rest.list_training_runs(limit=0).result()
 
 
+def test_sessions_are_listed_and_described_through_the_sdks_rest_client(server):
+    """RestClient.list_sessions (the newest first, paged) and get_session (the training runs and sampling sessions
+    the session made, its metadata as the client gave it); an unknown session and a bad access scope refused."""
+    import httpx
+
+    with tinker.ServiceClient(base_url=server["url"]) as earlier:
+        before = earlier.create_lora_training_client(base_model=server["model"], rank=4, seed=1).result()
+    with tinker.ServiceClient(base_url=server["url"], user_metadata={"team": "rl", "night": "3"}) as service:
+        trainer = service.create_lora_training_client(base_model=server["model"], rank=4, seed=1).result()
+        service.create_sampling_client(base_model=server["model"])
+    session_id, earlier_id = (t.model_id.split(":")[0] for t in (trainer, before))
+    rest = tinker.RestClient(base_url=server["url"])
+    listed = rest.list_sessions(limit=1000).result().sessions
+    assert listed[:2] == [session_id, earlier_id] and len(listed) == len(set(listed))
+    assert rest.list_sessions(limit=1, offset=1).result().sessions == [earlier_id]
+    assert not rest.get_session(earlier_id).result().user_metadata  # the SDK sends {} when given none
+    info = rest.get_session(session_id).result()
+    assert info.training_run_ids == [trainer.model_id]
+    assert len(info.sampler_ids) == 1 and info.sampler_ids[0].startswith(f"{session_id}:sample:")
+    assert info.user_metadata == {"team": "rl", "night": "3"}
+    with pytest.raises(tinker.NotFoundError, match="s-none"):
+        rest.get_session("s-none").result()
+    key = {"X-API-Key": os.environ["TINKER_API_KEY"]}
+    for path in ("sessions", f"sessions/{session_id}"):
+        answer = httpx.get(f"{server['url']}/api/v1/{path}?access_scope=everyone", headers=key)
+        assert answer.status_code == 400 and answer.json()["field"] == "access_scope", answer.text
+    made = httpx.post(f"{server['url']}/api/v1/create_session", headers=key,
+                      json={"tags": [], "user_metadata": {"n": 3}, "sdk_version": "x"})
+    assert made.status_code == 400 and made.json()["field"] == "user_metadata", made.text
+
+
 @pytest.mark.parametrize("rank", [8, 0], ids=["lora", "full"])
 def test_sampling_reads_the_saved_weights_and_returns_their_logprobs(client, server, rank):
     datums, sequences = _datums(server["model"], weighted=False)

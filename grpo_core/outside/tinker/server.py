@@ -74,8 +74,8 @@ class TinkerApp:
     def create_session(self, body: Any) -> dict:
         from tinker import types
 
-        _typed(types.CreateSessionRequest, body)
-        return self.service.create_session()
+        req = _typed(types.CreateSessionRequest, body)
+        return self.service.create_session(req.user_metadata, req.display_name)
 
     def heartbeat(self, body: Any) -> dict:
         from tinker import types
@@ -235,6 +235,11 @@ class TinkerApp:
         api.add_api_route("/api/v1/forward_backward",
                           route(lambda body: self._forward_backward(body), raw=True), methods=["POST"])
         api.add_api_route("/api/v1/sessions/{session_id}/finish", route(self.finish), methods=["POST"])
+        api.add_api_route("/api/v1/sessions", route(lambda body, **query: self.service.list_sessions(**query),
+                                                    query=("limit", "offset", "access_scope")), methods=["GET"])
+        api.add_api_route("/api/v1/sessions/{session_id}", route(
+            lambda body, session_id, **query: self.service.session_info(session_id, **query),
+            query=("access_scope",)), methods=["GET"])
         api.add_api_route("/api/v1/samplers/{sampler_id}",
                           route(lambda body, sampler_id: self.service.sampler_info(sampler_id)), methods=["GET"])
         api.add_api_route("/api/v1/get_server_capabilities", route(lambda body: self.capabilities()),

@@ -64,6 +64,8 @@ class Session:
     created: float
     heartbeat: float
     finished: str | None = None
+    user_metadata: dict[str, str] | None = None  # as the client gave it at creation (the SDK's dict[str, str])
+    display_name: str | None = None
 
 
 @dataclass
@@ -83,6 +85,11 @@ class SamplingSession:
     base_name: str
     snapshot: Snapshot
     model_path: str | None
+
+
+def _scope(access_scope: str) -> None:
+    if access_scope not in ("owned", "accessible"):
+        raise TinkerRequestError(f"access_scope {access_scope!r}: 'owned' or 'accessible'", field="access_scope")
 
 
 def checked_name(name: str, field_name: str) -> str:
@@ -222,12 +229,35 @@ class TinkerService:
             fh.write(json.dumps({"time": round(time.time(), 3), **row}) + "\n")
 
     # ------------------------------------------------------------------------------------------- sessions
-    def create_session(self) -> dict:
+    def create_session(self, user_metadata: dict | None = None, display_name: str | None = None) -> dict:
+        for key, value in (user_metadata or {}).items():
+            if not isinstance(value, str):
+                raise TinkerRequestError(f"user_metadata[{key!r}] is {type(value).__name__}: its values are text",
+                                         field="user_metadata")
         session_id = f"s-{secrets.token_hex(4)}"
         now = time.time()
-        self.sessions[session_id] = Session(session_id, now, now)
+        self.sessions[session_id] = Session(session_id, now, now, user_metadata=user_metadata,
+                                            display_name=display_name)
         return {"session_id": session_id, "type": "create_session",
                 "info_message": f"grpo training service: base model {self.base_folder}"}
+
+    def list_sessions(self, limit: str = "20", offset: str = "0", access_scope: str = "owned") -> dict:
+        """This server's sessions since it started (finished ones too), the newest first, a page of them. One key
+        opens the server, so every session is the caller's: both access scopes list the same."""
+        _scope(access_scope)
+        newest = sorted(self.sessions.values(), key=lambda s: s.created, reverse=True)
+        return checkpoints.paged([s.session_id for s in newest], "sessions", limit, offset)
+
+    def session_info(self, session_id: str, access_scope: str = "owned") -> dict:
+        """The training runs and sampling sessions a session made (its ids prefix theirs), and its metadata."""
+        _scope(access_scope)
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise not_found("session", session_id, "session_id")
+        mine = f"{session_id}:"
+        return {"training_run_ids": sorted(m for m in self.models if m.startswith(mine)),
+                "sampler_ids": sorted(s for s in self.sampling if s.startswith(mine)),
+                "user_metadata": session.user_metadata, "display_name": session.display_name}
 
     def heartbeat(self, session_id: str) -> dict:
         self._session(session_id).heartbeat = time.time()
