@@ -229,26 +229,24 @@ class TinkerApp:
                 "save_weights": self.save_weights, "save_weights_for_sampler": self.save_for_sampler,
                 "load_weights": self.load_weights, "create_sampling_session": self.create_sampling_session,
                 "asample": self.sample, "client/config": lambda body: CLIENT_CONFIG,
-                "telemetry": lambda body: {"status": "accepted"}}
+                "telemetry": lambda body: {"status": "accepted"}, "weights_info": self.weights_info}
         for path, handler in post.items():
             api.add_api_route(f"/api/v1/{path}", route(handler), methods=["POST"])
         api.add_api_route("/api/v1/forward_backward",
                           route(lambda body: self._forward_backward(body), raw=True), methods=["POST"])
         api.add_api_route("/api/v1/sessions/{session_id}/finish", route(self.finish), methods=["POST"])
-        api.add_api_route("/api/v1/sessions", route(lambda body, **query: self.service.list_sessions(**query),
-                                                    query=("limit", "offset", "access_scope")), methods=["GET"])
         api.add_api_route("/api/v1/sessions/{session_id}", route(
             lambda body, session_id, **query: self.service.session_info(session_id, **query),
             query=("access_scope",)), methods=["GET"])
         api.add_api_route("/api/v1/samplers/{sampler_id}",
                           route(lambda body, sampler_id: self.service.sampler_info(sampler_id)), methods=["GET"])
-        api.add_api_route("/api/v1/get_server_capabilities", route(lambda body: self.capabilities()),
-                          methods=["GET"])
-        api.add_api_route("/api/v1/training_runs", route(lambda body, **page: self.service.list_training_runs(**page),
-                                                         query=("limit", "offset")), methods=["GET"])
-        api.add_api_route("/api/v1/checkpoints", route(lambda body, **page: self.service.list_user_checkpoints(**page),
-                                                       query=("limit", "offset")), methods=["GET"])
-        api.add_api_route("/api/v1/weights_info", route(self.weights_info), methods=["POST"])
+        reads = {"sessions": (self.service.list_sessions, ("limit", "offset", "access_scope")),
+                 "training_runs": (self.service.list_training_runs, ("limit", "offset")),
+                 "checkpoints": (self.service.list_user_checkpoints, ("limit", "offset")),
+                 "get_server_capabilities": (self.capabilities, ())}
+        for path, (listing, query) in reads.items():
+            api.add_api_route(f"/api/v1/{path}", route(lambda body, _of=listing, **q: _of(**q), query=query),
+                              methods=["GET"])
         runs = "/api/v1/training_runs/{model_id}"
         api.add_api_route(f"{runs}/checkpoints", route(lambda body, model_id: self.service.list_checkpoints(model_id)),
                           methods=["GET"])
