@@ -59,11 +59,15 @@ def test_a_ray_start_that_timed_out_is_cleaned_up_and_tried_again():
     assert "Ray's node did not come up (start 1 of 3" in done.stderr
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the rule for machines without CUDA")
-def test_actors_of_a_local_ray_without_cuda_run_vllms_sampler_helpers_eagerly():
-    """torch.compile off in each actor of this CPU machine (Dynamo traced vLLM's rank helper at every actor's first
-    request); a remote cluster's actors, which may hold GPUs, keep it."""
+def test_actors_of_a_local_ray_without_cuda_run_vllms_sampler_helpers_eagerly(monkeypatch):
+    """torch.compile off in each actor of a local Ray on a machine without CUDA (Dynamo traced vLLM's rank helper at
+    every actor's first request); with CUDA, or on a remote cluster whose actors may hold GPUs, it stays on. Both
+    machines are asked here, whichever this one is."""
+    import torch
+
     from grpo_core.cluster.ray_cluster import actor_env
 
-    assert actor_env(2, local=True)["TORCH_COMPILE_DISABLE"] == "1"
-    assert "TORCH_COMPILE_DISABLE" not in actor_env(2, local=False)
+    for cuda, local, expected in ((False, True, "1"), (False, False, None), (True, True, None)):
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+            assert actor_env(2, local=local).get("TORCH_COMPILE_DISABLE") == expected, (cuda, local)

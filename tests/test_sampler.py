@@ -14,15 +14,18 @@ def sampler(tiny_model):
     return VLLMSampler(SamplerSpec(model_path=tiny_model, kv_cache_mb=64, max_model_len=256))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA vLLM inspects model classes in a subprocess")
 def test_without_cuda_the_model_class_is_inspected_here_not_in_a_subprocess(tiny_model, tmp_path, monkeypatch):
     """vLLM inspects a model class it has not seen in a new Python process (23 s here), caching the answer under
     VLLM_CACHE_ROOT/modelinfos; handed the imported class (grpo_core/engine/rollout/model_class.py), it reads it in
-    this process: a new cache folder stays unwritten."""
+    this process: a new cache folder stays unwritten. With CUDA the class is left to vLLM's subprocess (asked here
+    whichever machine this is)."""
     from vllm.config import ModelConfig
 
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
-    assert inspect_in_process(tiny_model) == ["Qwen2ForCausalLM"]
+    for cuda, registered in ((True, []), (False, ["Qwen2ForCausalLM"])):
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+            assert inspect_in_process(tiny_model) == registered, cuda
     assert ModelConfig(model=tiny_model).architectures == ["Qwen2ForCausalLM"]
     assert not (tmp_path / "vllm").exists()
 

@@ -275,7 +275,7 @@ def test_sessions_are_listed_and_described_through_the_sdks_rest_client(server):
         before = earlier.create_lora_training_client(base_model=server["model"], rank=4, seed=1).result()
     with tinker.ServiceClient(base_url=server["url"], user_metadata={"team": "rl", "night": "3"}) as service:
         trainer = service.create_lora_training_client(base_model=server["model"], rank=4, seed=1).result()
-        service.create_sampling_client(base_model=server["model"])
+        service.create_sampling_client(base_model=server["model"]).result()  # its session made before the listing
     session_id, earlier_id = (t.model_id.split(":")[0] for t in (trainer, before))
     rest = tinker.RestClient(base_url=server["url"])
     listed = rest.list_sessions(limit=1000).result().sessions
@@ -292,9 +292,13 @@ def test_sessions_are_listed_and_described_through_the_sdks_rest_client(server):
     for path in ("sessions", f"sessions/{session_id}"):
         answer = httpx.get(f"{server['url']}/api/v1/{path}?access_scope=everyone", headers=key)
         assert answer.status_code == 400 and answer.json()["field"] == "access_scope", answer.text
-    made = httpx.post(f"{server['url']}/api/v1/create_session", headers=key,
-                      json={"tags": [], "user_metadata": {"n": 3}, "sdk_version": "x"})
-    assert made.status_code == 400 and made.json()["field"] == "user_metadata", made.text
+    for labels, field in (({"user_metadata": {"n": 3}}, "user_metadata"),
+                          ({"user_metadata": {str(i): "" for i in range(65)}}, "user_metadata"),
+                          ({"user_metadata": {"k": "x" * 1025}}, "user_metadata"),
+                          ({"user_metadata": {}, "display_name": "x" * 257}, "display_name")):
+        made = httpx.post(f"{server['url']}/api/v1/create_session", headers=key,
+                          json={"tags": [], "sdk_version": "x", **labels})
+        assert made.status_code == 400 and made.json()["field"] == field, made.text
 
 
 @pytest.mark.parametrize("rank", [8, 0], ids=["lora", "full"])
@@ -504,7 +508,7 @@ def test_the_door_answers_json_naming_what_is_wrong(server):
         answer = httpx.delete(f"{runs}/s-1a:train:0/checkpoints/{checkpoint}", headers=key)
         assert answer.status_code in (400, 404) and answer.json()["field"] == "checkpoint_id", (checkpoint, answer.text)
     for query, field in (("limit=x", "limit"), ("limit=0", "limit"), ("offset=-1", "offset"), ("limit=1001", "limit")):
-        for listing in (runs, f"{url}/api/v1/checkpoints"):
+        for listing in (runs, f"{url}/api/v1/checkpoints", f"{url}/api/v1/sessions"):
             answer = httpx.get(f"{listing}?{query}", headers=key)
             assert answer.status_code == 400 and answer.json()["field"] == field, (listing, query, answer.text)
     for body, field in (({"tinker_path": 5}, "tinker_path"), ({}, "tinker_path"), ({"tinker_path": "x", "y": 1}, "y"),

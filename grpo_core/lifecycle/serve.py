@@ -129,12 +129,13 @@ def serve(opts: ServeOptions) -> None:
     import torch
 
     check_model_dir(opts.model)
-    if not torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if not cuda:
         opts = fit_max_model_len(opts)
-    os.environ.update(server_env(opts, cuda=torch.cuda.is_available()))
+    os.environ.update(server_env(opts, cuda=cuda))
     from vllm.entrypoints.launchers.api_server.entry import main
 
-    sys.argv = ["grpo serve"] + vllm_argv(opts, cuda=torch.cuda.is_available())
+    sys.argv = ["grpo serve"] + vllm_argv(opts, cuda=cuda)
     print(f"grpo serve: {opts.model} on http://{opts.host}:{opts.port} (OpenAI API at /v1, RL weight routes, "
           f"weight-transfer backend grpo{', LoRA' if opts.lora else ''})", flush=True)
     main()

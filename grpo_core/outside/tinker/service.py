@@ -87,6 +87,27 @@ class SamplingSession:
     model_path: str | None
 
 
+# A session's labels stay in memory as long as the server runs: bounded, so that a client cannot fill it with them.
+METADATA_ENTRIES, METADATA_TEXT, DISPLAY_NAME_TEXT = 64, 1024, 256
+
+
+def _check_session_labels(user_metadata: dict, display_name: str | None) -> None:
+    """``user_metadata`` as the SDK types it (``dict[str, str]``), within bounds; refused naming the field."""
+    if len(user_metadata) > METADATA_ENTRIES:
+        raise TinkerRequestError(f"user_metadata has {len(user_metadata)} entries: at most {METADATA_ENTRIES}",
+                                 field="user_metadata")
+    for key, value in user_metadata.items():
+        if not isinstance(value, str):
+            raise TinkerRequestError(f"user_metadata[{key[:64]!r}] is {type(value).__name__}: its values are text",
+                                     field="user_metadata")
+        if len(key) > METADATA_TEXT or len(value) > METADATA_TEXT:
+            raise TinkerRequestError(f"user_metadata[{key[:64]!r}]: keys and values are at most {METADATA_TEXT} "
+                                     "characters", field="user_metadata")
+    if display_name is not None and len(display_name) > DISPLAY_NAME_TEXT:
+        raise TinkerRequestError(f"display_name has {len(display_name)} characters: at most {DISPLAY_NAME_TEXT}",
+                                 field="display_name")
+
+
 def _scope(access_scope: str) -> None:
     if access_scope not in ("owned", "accessible"):
         raise TinkerRequestError(f"access_scope {access_scope!r}: 'owned' or 'accessible'", field="access_scope")
@@ -230,10 +251,7 @@ class TinkerService:
 
     # ------------------------------------------------------------------------------------------- sessions
     def create_session(self, user_metadata: dict | None = None, display_name: str | None = None) -> dict:
-        for key, value in (user_metadata or {}).items():
-            if not isinstance(value, str):
-                raise TinkerRequestError(f"user_metadata[{key!r}] is {type(value).__name__}: its values are text",
-                                         field="user_metadata")
+        _check_session_labels(user_metadata or {}, display_name)
         session_id = f"s-{secrets.token_hex(4)}"
         now = time.time()
         self.sessions[session_id] = Session(session_id, now, now, user_metadata=user_metadata,
